@@ -1,0 +1,5 @@
+"""Admission gateway for self-hosted LLM serving (vLLM, llama.cpp)."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,130 @@
+"""Run several ASGI apps under uvicorn on one event loop.
+
+Used by `gateway serve` (public + admin listeners), `gateway sim` (N simulated
+replicas on consecutive ports), `gateway demo`, and by tests and benchmarks,
+which run the same servers in a background thread on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    app: Any
+    host: str
+    port: int
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port on `host` (tests and benchmarks only)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _make_server(listener: Listener, log_level: str) -> uvicorn.Server:
+    config = uvicorn.Config(
+        listener.app,
+        host=listener.host,
+        port=listener.port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        loop="asyncio",
+        http="httptools",
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    return server
+
+
+async def serve_all(listeners: Sequence[Listener], log_level: str = "warning") -> None:
+    """Serve every listener until one of them stops (Ctrl-C stops all)."""
+    servers = [_make_server(lst, log_level) for lst in listeners]
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class BackgroundServers:
+    """Serve listeners on a private event loop in a daemon thread.
+
+    `start()` returns once every server accepts connections; `stop()` shuts
+    them down (bounded wait). Usable as a context manager.
+    """
+
+    def __init__(self, listeners: Sequence[Listener], log_level: str = "warning") -> None:
+        self._listeners = list(listeners)
+        self._log_level = log_level
+        self._servers: list[uvicorn.Server] = []
+        self._thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._error: BaseException | None = None
+
+    def start(self, timeout: float = 20.0) -> BackgroundServers:
+        self._servers = [_make_server(lst, self._log_level) for lst in self._listeners]
+        for s in self._servers:
+            s.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._run, name="bg-servers", daemon=True)
+        self._thread.start()
+        deadline = timeout
+        step = 0.01
+        waited = 0.0
+        while waited < deadline:
+            if self._error is not None:
+                raise RuntimeError("background server failed to start") from self._error
+            if all(s.started for s in self._servers):
+                return self
+            if not self._thread.is_alive():
+                raise RuntimeError("background server thread exited during startup")
+            threading.Event().wait(step)
+            waited += step
+        raise TimeoutError(f"servers not started within {timeout}s")
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+            self._error = exc
+        finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _serve(self) -> None:
+        tasks = [asyncio.create_task(s.serve()) for s in self._servers]
+        await asyncio.gather(*tasks)
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        """Run a coroutine on the servers' loop and wait for its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for s in self._servers:
+            s.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> BackgroundServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
