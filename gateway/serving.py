@@ -13,7 +13,7 @@ import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
@@ -123,7 +123,7 @@ class BackgroundServers:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def __enter__(self) -> BackgroundServers:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,186 @@
+"""`create_app(config)`: the gateway's public and admin ASGI apps.
+
+No globals: everything a request needs hangs off the `Gateway` object built
+here. The public app's lifespan owns the shared services (upstream client,
+health monitor); the admin app only reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from gateway.admin import build_admin_app
+from gateway.admission import PassThroughAdmission
+from gateway.auth import Authenticator
+from gateway.budgets import Budgets
+from gateway.config import GatewayConfig
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, NotFound, PayloadTooLarge, error_response
+from gateway.ingress import Ingress
+from gateway.metrics import GatewayMetrics
+from gateway.pipeline import Pipeline, Stages
+from gateway.policy import PolicyStage
+from gateway.proxy import Forwarder
+from gateway.replicas import HealthMonitor, ReplicaRegistry
+from gateway.scheduling.router import build_router
+from gateway.upstream import UpstreamClient
+
+log = logging.getLogger("gateway")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body was read."""
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.config = cfg
+        self.metrics = GatewayMetrics()
+        self.registry = ReplicaRegistry(cfg.replicas)
+        self.client = UpstreamClient(cfg.upstream)
+        self.health = HealthMonitor(self.registry, self.client, cfg.health)
+        stages = Stages(
+            ingress=Ingress(cfg),
+            auth=Authenticator(cfg.auth),
+            policy=PolicyStage(),
+            budgets=Budgets(),
+            router=build_router(cfg.scheduling.policy),
+            admission=PassThroughAdmission(cfg.admission),
+            forwarder=Forwarder(cfg, self.client),
+        )
+        self.pipeline = Pipeline(cfg, self.registry, stages, self.metrics)
+        self.public_app = self._build_public_app()
+        self.admin_app = build_admin_app(self)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.client.start()
+        try:
+            await self.health.check_all()
+            await self.health.start()
+            yield
+        finally:
+            await self.health.stop()
+            await self.client.close()
+
+    def _build_public_app(self) -> Starlette:
+        routes = [
+            Route("/v1/chat/completions", CompletionsEndpoint("chat", self), methods=["POST"]),
+            Route("/v1/completions", CompletionsEndpoint("completions", self), methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+        ]
+        handlers: dict[Any, Any] = {HTTPException: _http_exception}
+        return Starlette(routes=routes, lifespan=self.lifespan, exception_handlers=handlers)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": self.registry.models()})
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        healthy = len(self.registry.healthy())
+        body = {"status": "ready" if healthy else "not_ready", "healthy_replicas": healthy,
+                "replicas": len(self.registry)}
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        err: GatewayError = NotFound(f"Method {request.method} is not allowed on {request.url.path}.",
+                                     status=405, code="method_not_allowed")
+    else:
+        err = NotFound(f"Unknown path: {request.method} {request.url.path}.", status=exc.status_code)
+    return error_response(err)
+
+
+def create_app(cfg: GatewayConfig) -> Gateway:
+    return Gateway(cfg)
+
+
+class CompletionsEndpoint:
+    """Raw ASGI endpoint: reads the body under a size limit, then races the
+    pipeline against the client's `http.disconnect` (no polling)."""
+
+    def __init__(self, endpoint: str, gateway: Gateway) -> None:
+        self._endpoint = endpoint
+        self._gw = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope)
+        rid = headers.get("x-request-id", "")
+        ctx = RequestContext(
+            request_id=rid if _REQUEST_ID.match(rid) else uuid.uuid4().hex,
+            endpoint=self._endpoint,
+            path=scope["path"],
+            headers=headers,
+            received_at=time.monotonic(),
+            client_host=(scope.get("client") or (None,))[0],
+        )
+        try:
+            raw = await _read_body(receive, headers, self._gw.config.limits.max_body_bytes)
+        except PayloadTooLarge as err:
+            await error_response(err, ctx.request_id)(scope, receive, send)
+            return
+        except ClientGone:
+            self._gw.metrics.cancellations.labels("ingress").inc()
+            return
+        await _race_disconnect(self._gw.pipeline.handle(ctx, raw, send), receive)
+
+
+async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes.")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _race_disconnect(work: Any, receive: Receive) -> None:
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watcher.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,120 @@
+"""`gateway serve | check-config | demo | sim`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig, effective_config, load_config
+from gateway.configtools import ConfigError
+from gateway.serving import Listener, serve_all
+
+
+def _replica_arg(value: str) -> ReplicaConfig:
+    kind = "auto"
+    if "=" in value.split("://", 1)[0]:
+        kind, value = value.split("=", 1)
+    if kind not in ("auto", "vllm", "llamacpp"):
+        raise argparse.ArgumentTypeError(f"unknown engine kind {kind!r} (use vllm= or llamacpp=)")
+    try:
+        return ReplicaConfig(url=value, kind=kind)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="gateway YAML config file")
+    serve.add_argument("--replica", action="append", type=_replica_arg, default=[],
+                       help="engine URL, optionally prefixed with its kind: vllm=http://... or llamacpp=http://...")
+    serve.add_argument("--host", help="public listener host (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="public listener port (default 8080)")
+    serve.add_argument("--admin-port", type=int, help="admin listener port (default 9090)")
+    serve.add_argument("--policies", help="directory of task policy YAML files")
+    check = sub.add_parser("check-config", help="validate a config and print the effective config")
+    check.add_argument("file")
+    demo = sub.add_parser("demo", help="simulated replicas + gateway on loopback, no GPU needed")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--admin-port", type=int, default=9090)
+    demo.add_argument("--replicas", type=int, default=2)
+    demo.add_argument("--sim-port", type=int, default=8101)
+    sim = sub.add_parser("sim", help="run simulated vLLM / llama.cpp replicas")
+    from gateway.sim.cli import add_sim_arguments
+
+    add_sim_arguments(sim)
+    return parser
+
+
+def _serve_config(args: argparse.Namespace) -> GatewayConfig:
+    cfg = load_config(args.config) if args.config else GatewayConfig()
+    listen = cfg.listen
+    listen = ListenConfig(
+        host=args.host or listen.host,
+        port=listen.port if args.port is None else args.port,
+        admin_host=listen.admin_host,
+        admin_port=listen.admin_port if args.admin_port is None else args.admin_port,
+    )
+    replicas = cfg.replicas + tuple(args.replica)
+    if not replicas:
+        raise ConfigError(["replicas: at least one replica is required (--replica URL or a config file)"])
+    return dataclasses.replace(cfg, listen=listen, replicas=replicas, policies=args.policies or cfg.policies)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+
+    try:
+        cfg = _serve_config(args)
+    except ConfigError as exc:
+        print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
+        return 1
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    gw = create_app(cfg)
+    listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port),
+                 Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
+    print(f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
+          f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port})", flush=True)
+    asyncio.run(serve_all(listeners, log_level=cfg.log_level))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.file)
+        from gateway.policy import check_policies
+
+        check_policies(cfg)
+    except ConfigError as exc:
+        print(f"{args.file}: invalid config:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    print(yaml.safe_dump(effective_config(cfg), sort_keys=False), end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _cmd_serve(args)
+    if args.command == "check-config":
+        return _cmd_check(args)
+    if args.command == "demo":
+        from gateway.demo import run_demo
+
+        return run_demo(args)
+    from gateway.sim.cli import run_sim
+
+    return run_sim(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The engine adapter interface and the shared error normalisation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from gateway.errors import ContextLengthExceeded, GatewayError, UpstreamError
+
+_MAX_ERROR_TEXT = 2000
+
+
+class EngineAdapter(Protocol):
+    kind: str
+
+    def normalize_error(self, status: int, body: bytes) -> GatewayError: ...
+
+    def set_output_limit(self, body: dict[str, Any], limit: int) -> None: ...
+
+
+def decode_error_body(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body.decode("utf-8", "replace")[:_MAX_ERROR_TEXT]
+
+
+def _status_type(status: int) -> str:
+    if status in (401, 403):
+        return "authentication_error" if status == 401 else "permission_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    if 400 <= status < 500:
+        return "invalid_request_error"
+    return "upstream_error"
+
+
+def openai_error(status: int, message: str, *, type_: str | None = None,
+                 param: str | None = None, code: str | None = None) -> GatewayError:
+    if code == "context_length_exceeded":
+        return ContextLengthExceeded(message, param=param or "messages", status=status)
+    err = UpstreamError(message, param=param, code=code, status=status)
+    err.type = type_ or _status_type(status)
+    return err
+
+
+def looks_like_context_error(message: str) -> bool:
+    m = message.lower()
+    return "context length" in m or "context_length" in m or "exceed_context_size" in m
+
+
+class GenericAdapter:
+    """OpenAI-compatible upstream of unknown make: keep what is OpenAI-shaped."""
+
+    kind = "unknown"
+
+    def normalize_error(self, status: int, body: bytes) -> GatewayError:
+        data = decode_error_body(body)
+        err = data.get("error") if isinstance(data, dict) else None
+        if isinstance(err, dict):
+            message = str(err.get("message") or f"upstream returned HTTP {status}")
+            code = err.get("code") if isinstance(err.get("code"), str) else None
+            if code is None and looks_like_context_error(message):
+                code = "context_length_exceeded"
+            param = err.get("param") if isinstance(err.get("param"), str) else None
+            type_ = err.get("type") if isinstance(err.get("type"), str) else None
+            return openai_error(status, message, type_=type_, param=param, code=code)
+        if isinstance(err, str):
+            return openai_error(status, err)
+        text = data if isinstance(data, str) and data else f"upstream returned HTTP {status}"
+        return openai_error(status, str(text))
+
+    def set_output_limit(self, body: dict[str, Any], limit: int) -> None:
+        if "max_completion_tokens" in body:
+            body["max_completion_tokens"] = limit
+        body["max_tokens"] = limit

@@ -1,0 +1,199 @@
+"""One error tree for the gateway, mapped to HTTP in one place.
+
+    GatewayError                      (500 server_error)
+     ├── BadRequest                   (400 invalid_request_error)
+     │    ├── InvalidJSON
+     │    ├── ContextLengthExceeded   (code context_length_exceeded)
+     │    └── UnknownTask             (code unknown_task)
+     ├── Unauthorized                 (401 authentication_error)
+     ├── Forbidden                    (403 permission_error)
+     ├── NotFound                     (404 not_found_error)
+     ├── PayloadTooLarge              (413)
+     ├── RateLimited                  (429 rate_limit_exceeded / session_budget_exceeded)
+     ├── Overloaded                   (503 overloaded; queue full, shed early)
+     ├── NoHealthyReplica             (503 no_healthy_replica)
+     ├── DeadlineExceeded             (504 deadline_exceeded)
+     ├── UpstreamTimeout              (504 upstream_timeout: first byte / idle gap)
+     ├── UpstreamError                (engine error, status kept, normalised body)
+     └── UpstreamUnavailable          (502; never reached / connection failure)
+          └── UpstreamNeverReached    (connect refused/timeout, 503 before body: retryable)
+
+Engine errors are translated at the adapter boundary (`gateway.engines`);
+everything else raises one of these, and `error_response` / `sse_error_event`
+are the only places that turn them into bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = "internal_error"
+    reason = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        if reason is not None:
+            self.reason = reason
+        self.retry_after = retry_after
+
+
+class BadRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+    reason = "bad_request"
+
+
+class InvalidJSON(BadRequest):
+    code = "invalid_json"
+    reason = "invalid_json"
+
+
+class ContextLengthExceeded(BadRequest):
+    code = "context_length_exceeded"
+    reason = "context_length_exceeded"
+
+
+class UnknownTask(BadRequest):
+    code = "unknown_task"
+    reason = "unknown_task"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+    reason = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "task_not_allowed"
+    reason = "forbidden"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+    reason = "not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+    reason = "body_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+    reason = "rate_limit"
+
+
+class Overloaded(GatewayError):
+    status = 503
+    type = "overloaded_error"
+    code = "overloaded"
+    reason = "overloaded"
+
+
+class NoHealthyReplica(Overloaded):
+    code = "no_healthy_replica"
+    reason = "no_healthy_replica"
+
+
+class DeadlineExceeded(GatewayError):
+    status = 504
+    type = "timeout_error"
+    code = "deadline_exceeded"
+    reason = "deadline_exceeded"
+
+
+class UpstreamTimeout(GatewayError):
+    """The engine did not answer within the first-byte or idle timeout."""
+
+    status = 504
+    type = "timeout_error"
+    code = "upstream_timeout"
+    reason = "upstream_timeout"
+
+
+class UpstreamError(GatewayError):
+    """An engine answered with an error; status kept, body normalised."""
+
+    type = "upstream_error"
+    code = None
+    reason = "upstream_error"
+
+
+class UpstreamUnavailable(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unavailable"
+    reason = "upstream_unavailable"
+
+
+class UpstreamNeverReached(UpstreamUnavailable):
+    """The attempt provably never reached an engine: safe to retry elsewhere."""
+
+    code = "upstream_connect_failed"
+    reason = "upstream_connect_failed"
+
+
+def error_body(err: GatewayError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": err.message,
+            "type": err.type,
+            "param": err.param,
+            "code": err.code,
+        }
+    }
+
+
+def error_headers(err: GatewayError, request_id: str | None = None) -> dict[str, str]:
+    headers = {"x-gateway-reject-reason": err.reason}
+    if err.retry_after is not None:
+        headers["retry-after"] = str(max(1, math.ceil(err.retry_after)))
+        headers["retry-after-ms"] = str(max(1, int(err.retry_after * 1000)))
+    if request_id:
+        headers["x-request-id"] = request_id
+    if 400 <= err.status < 500 and err.status not in (408, 409, 429):
+        headers["x-should-retry"] = "false"
+    return headers
+
+
+def error_response(err: GatewayError, request_id: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(err), status_code=err.status, headers=error_headers(err, request_id))
+
+
+def sse_error_event(err: GatewayError) -> bytes:
+    """The event sent when an error happens after a stream has started."""
+    return b"data: " + json.dumps(error_body(err)).encode() + b"\n\n"

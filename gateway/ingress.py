@@ -1,0 +1,34 @@
+"""Ingress: parse the body, pick the session key, set the default deadline."""
+
+from __future__ import annotations
+
+from gateway.config import GatewayConfig
+from gateway.context import RequestContext
+from gateway.protocol import Endpoint, parse_request
+
+SESSION_HEADERS = ("x-session-id", "session_id", "x-session-affinity")
+SESSION_BODY_FIELDS = ("prompt_cache_key", "user")
+
+
+class Ingress:
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self._cfg = cfg
+
+    def process(self, ctx: RequestContext, raw: bytes) -> None:
+        endpoint: Endpoint = "chat" if ctx.endpoint == "chat" else "completions"
+        ctx.request = parse_request(endpoint, raw)
+        ctx.session_key = self._session_key(ctx)
+        ctx.deadline = ctx.received_at + self._cfg.timeouts.total_s
+        ctx.deadline_source = "config"
+
+    def _session_key(self, ctx: RequestContext) -> str | None:
+        for name in SESSION_HEADERS:
+            value = ctx.headers.get(name)
+            if value:
+                return value[:256]
+        assert ctx.request is not None
+        for name in SESSION_BODY_FIELDS:
+            value = ctx.request.body.get(name)
+            if isinstance(value, str) and value:
+                return value[:256]
+        return None

@@ -1,0 +1,35 @@
+"""Prometheus metrics of one gateway instance (served on the admin listener).
+
+Labels stay low-cardinality: task, outcome, replica, stage. Never request ids.
+Each app has its own registry (no globals), so tests can run several gateways
+in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("gateway_requests", "Requests finished, by task and outcome.",
+                                ["task", "outcome"], registry=r)
+        self.duration = Histogram("gateway_request_duration_seconds",
+                                  "Time from receipt to last byte, by task and outcome.",
+                                  ["task", "outcome"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttfb = Histogram("gateway_time_to_first_byte_seconds",
+                              "Time from receipt to the first response byte sent to the client.",
+                              ["task"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_attempts = Counter("gateway_upstream_attempts", "Upstream attempts by replica and result.",
+                                         ["replica", "result"], registry=r)
+        self.cancellations = Counter("gateway_cancellations", "Requests whose client went away, by stage.",
+                                     ["stage"], registry=r)
+        self.in_flight = Gauge("gateway_in_flight_requests", "Requests being processed.", registry=r)
+        self.replica_healthy = Gauge("gateway_replica_healthy", "1 when the replica passes health checks.",
+                                     ["replica"], registry=r)
+        self.replica_in_flight = Gauge("gateway_replica_in_flight", "Requests forwarded to the replica.",
+                                       ["replica"], registry=r)

@@ -1,0 +1,176 @@
+"""One request, one pass: ingress → policy → route → admit → forward → settle.
+
+`Pipeline.handle` always answers the client (success, OpenAI-shaped error,
+or an SSE error event once a stream has started) unless the client is gone,
+in which case the ASGI endpoint cancels it; every resource is released by
+the `async with` blocks below on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.admission import PassThroughAdmission
+from gateway.auth import Authenticator
+from gateway.budgets import Budgets
+from gateway.config import GatewayConfig
+from gateway.context import RequestContext
+from gateway.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    NoHealthyReplica,
+    UpstreamNeverReached,
+    error_body,
+    error_headers,
+    sse_error_event,
+)
+from gateway.ingress import Ingress
+from gateway.metrics import GatewayMetrics
+from gateway.policy import PolicyStage
+from gateway.proxy import Forwarder, Send
+from gateway.replicas import Replica, ReplicaRegistry
+from gateway.scheduling.router import Router
+
+log = logging.getLogger("gateway.access")
+
+
+@dataclass(slots=True)
+class Stages:
+    ingress: Ingress
+    auth: Authenticator
+    policy: PolicyStage
+    budgets: Budgets
+    router: Router
+    admission: PassThroughAdmission
+    forwarder: Forwarder
+
+
+class Pipeline:
+    def __init__(self, cfg: GatewayConfig, registry: ReplicaRegistry, stages: Stages,
+                 metrics: GatewayMetrics) -> None:
+        self._cfg = cfg
+        self._registry = registry
+        self.stages = stages
+        self._metrics = metrics
+
+    async def handle(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
+        self._metrics.in_flight.inc()
+        try:
+            await self._run(ctx, raw, send)
+            ctx.outcome = "ok"
+        except GatewayError as err:
+            ctx.outcome = err.reason
+            await self._fail(ctx, err, send)
+        except asyncio.CancelledError:
+            ctx.outcome = "cancelled"
+            self._metrics.cancellations.labels(ctx.stage).inc()
+            raise
+        except OSError:
+            # The client went away while we were sending (ASGI 2.4 send raises).
+            ctx.outcome = "cancelled"
+            self._metrics.cancellations.labels(ctx.stage).inc()
+        finally:
+            self._metrics.in_flight.dec()
+            self._settle(ctx)
+
+    async def _run(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
+        s = self.stages
+        s.auth.authenticate(ctx)
+        s.ingress.process(ctx, raw)
+        await s.policy.apply(ctx)
+        assert ctx.deadline is not None
+        loop = asyncio.get_running_loop()
+        when = loop.time() + (ctx.deadline - time.monotonic())
+        try:
+            async with asyncio.timeout_at(when):
+                async with s.budgets.reserve(ctx):
+                    await self._dispatch(ctx, send)
+        except TimeoutError:
+            if time.monotonic() < ctx.deadline - 0.001:
+                raise
+            raise DeadlineExceeded(
+                f"The request did not finish within its deadline ({ctx.deadline_source}); "
+                f"stage: {ctx.stage}."
+            ) from None
+
+    async def _dispatch(self, ctx: RequestContext, send: Send) -> None:
+        s = self.stages
+        tried: set[str] = set()
+        last: GatewayError | None = None
+        for _ in range(1 + self._cfg.limits.max_retries):
+            candidates = [r for r in self._registry.healthy() if r.name not in tried]
+            if not candidates:
+                break
+            ctx.stage = "routing"
+            ranked = s.router.rank(ctx, candidates)
+            ctx.stage = "queued"
+            async with s.admission.acquire(ctx, ranked) as lease:
+                ctx.replica = lease.replica
+                ctx.attempts += 1
+                s.router.on_routed(ctx, lease.replica)
+                try:
+                    await s.forwarder.forward(ctx, lease.replica, send)
+                except UpstreamNeverReached as err:
+                    self._attempt(lease.replica, "never_reached")
+                    tried.add(lease.replica.name)
+                    last = err
+                    continue
+                except GatewayError:
+                    self._attempt(lease.replica, "error")
+                    raise
+                self._attempt(lease.replica, "ok")
+                return
+        if last is not None:
+            raise last
+        raise NoHealthyReplica("No healthy replica is available.", retry_after=self._cfg.health.interval_s)
+
+    def _attempt(self, replica: Replica, result: str) -> None:
+        self._metrics.upstream_attempts.labels(replica.name, result).inc()
+
+    async def _fail(self, ctx: RequestContext, err: GatewayError, send: Send) -> None:
+        if ctx.response_started:
+            await _send_quietly(send, {"type": "http.response.body",
+                                       "body": sse_error_event(err) + b"data: [DONE]\n\n",
+                                       "more_body": False})
+            return
+        body = json.dumps(error_body(err)).encode()
+        headers = {**error_headers(err, ctx.request_id), **ctx.response_headers}
+        raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        ctx.response_started = True
+        await _send_quietly(send, {"type": "http.response.start", "status": err.status, "headers": raw_headers})
+        await _send_quietly(send, {"type": "http.response.body", "body": body, "more_body": False})
+
+    def _settle(self, ctx: RequestContext) -> None:
+        ctx.finished_at = time.monotonic()
+        elapsed = ctx.finished_at - ctx.received_at
+        self._metrics.requests.labels(ctx.task, ctx.outcome).inc()
+        self._metrics.duration.labels(ctx.task, ctx.outcome).observe(elapsed)
+        if ctx.first_byte_at is not None:
+            self._metrics.ttfb.labels(ctx.task).observe(ctx.first_byte_at - ctx.received_at)
+        log.info(
+            "request id=%s task=%s tenant=%s replica=%s outcome=%s status=%s attempts=%d stage=%s "
+            "ms=%.1f usage=%s",
+            ctx.request_id, ctx.task, ctx.tenant, ctx.replica.name if ctx.replica else None,
+            ctx.outcome, ctx.upstream_status, ctx.attempts, ctx.stage, elapsed * 1000,
+            _usage_brief(ctx.usage),
+        )
+
+
+def _usage_brief(usage: dict[str, Any] | None) -> str:
+    if not usage:
+        return "-"
+    return f"{usage.get('prompt_tokens')}/{usage.get('completion_tokens')}"
+
+
+async def _send_quietly(send: Send, message: MutableMapping[str, Any]) -> None:
+    try:
+        await send(message)
+    except OSError:
+        pass

@@ -1,0 +1,153 @@
+"""Forward: one upstream exchange, relayed to the client.
+
+Streaming responses are relayed event by event as they arrive (never
+re-buffered) with `Cache-Control: no-cache` and `X-Accel-Buffering: no`;
+non-streaming bodies pass through byte for byte. `usage` is captured for
+accounting in both cases. Timeouts: connect, first byte (streaming: until
+the first body chunk; a long prefill needs a long bound), and the idle gap
+between chunks; the overall deadline is enforced by the pipeline around
+this call. Leaving this function by any path (error, cancellation) closes
+the upstream connection unless the body was fully read: that is the abort
+primitive for both vLLM and llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+from gateway.config import GatewayConfig
+from gateway.context import RequestContext
+from gateway.engines import adapter_for
+from gateway.errors import UpstreamNeverReached, UpstreamTimeout
+from gateway.replicas import Replica
+from gateway.sse import SSERelay, usage_from_body
+from gateway.upstream import UpstreamClient, UpstreamResponse
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+T = TypeVar("T")
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+FORWARDED_CLIENT_HEADERS = ("accept", "user-agent", "traceparent", "tracestate", "baggage")
+SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+async def _timed(aw: Awaitable[T], seconds: float, what: str) -> T:
+    try:
+        async with asyncio.timeout(seconds):
+            return await aw
+    except TimeoutError:
+        raise UpstreamTimeout(f"The engine sent no {what} within {seconds:g} s.") from None
+
+
+class Forwarder:
+    def __init__(self, cfg: GatewayConfig, client: UpstreamClient) -> None:
+        self._cfg = cfg
+        self._client = client
+
+    def upstream_headers(self, ctx: RequestContext, replica: Replica) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
+                   "X-Request-Id": ctx.request_id}
+        for name in FORWARDED_CLIENT_HEADERS:
+            value = ctx.headers.get(name)
+            if value is not None:
+                headers[name] = value
+        headers.update(ctx.upstream_headers)
+        headers.update(replica.auth_headers())
+        return headers
+
+    def upstream_body(self, ctx: RequestContext) -> tuple[bytes, bool]:
+        """The body to send, and whether the gateway added `include_usage` itself."""
+        req = ctx.request
+        assert req is not None
+        body = req.body
+        injected = False
+        if req.stream and not req.client_wants_usage:
+            body = dict(body)
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            injected = True
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), injected
+
+    async def forward(self, ctx: RequestContext, replica: Replica, send: Send) -> None:
+        req = ctx.request
+        assert req is not None
+        data, injected = self.upstream_body(ctx)
+        url = replica.url + PATHS[req.endpoint]
+        timeouts = self._cfg.timeouts
+        ctx.stage = "waiting_first_byte"
+        ctx.notes["upstream_sent_at"] = time.monotonic()
+        async with AsyncExitStack() as stack:
+            cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s)
+            head_timeout = timeouts.first_byte_s if req.stream else timeouts.total_s
+            resp = await _timed(stack.enter_async_context(cm), head_timeout, "response headers")
+            ctx.upstream_status = resp.status
+            if resp.status != 200:
+                await self._raise_engine_error(ctx, replica, resp)
+            if req.stream:
+                await self._relay_stream(ctx, resp, send, injected)
+            else:
+                await self._relay_body(ctx, resp, send)
+
+    async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
+        raw = await _timed(resp.read_all(), self._cfg.timeouts.idle_s, "error body")
+        err = adapter_for(replica.kind).normalize_error(resp.status, raw)
+        if resp.status == 503:
+            # The engine refused before starting (busy, loading): provably not started.
+            retry = UpstreamNeverReached(err.message, status=503, code=err.code or "engine_unavailable")
+            retry.type = err.type
+            raise retry
+        raise err
+
+    def _start_message(self, ctx: RequestContext, content_type: str, extra: list[tuple[bytes, bytes]],
+                       length: int | None = None) -> dict[str, Any]:
+        headers = [(b"content-type", content_type.encode("latin-1"))]
+        headers += extra
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.response_headers(ctx).items()]
+        return {"type": "http.response.start", "status": 200, "headers": headers}
+
+    def response_headers(self, ctx: RequestContext) -> dict[str, str]:
+        headers = {"x-request-id": ctx.request_id}
+        if self._cfg.expose_replica_header and ctx.replica is not None:
+            headers["x-gateway-replica"] = ctx.replica.name
+        now = time.monotonic()
+        queue_ms = ctx.queue_seconds * 1000
+        sent_at = ctx.notes.get("upstream_sent_at", now)
+        overhead_ms = max(0.0, (sent_at - ctx.received_at) * 1000 - queue_ms)
+        headers["x-gateway-queue-ms"] = f"{queue_ms:.1f}"
+        headers["x-gateway-overhead-ms"] = f"{overhead_ms:.2f}"
+        headers.update(ctx.response_headers)
+        return headers
+
+    async def _relay_stream(self, ctx: RequestContext, resp: UpstreamResponse, send: Send, injected: bool) -> None:
+        timeouts = self._cfg.timeouts
+        relay = SSERelay(drop_usage_only_chunk=injected)
+        chunk = await _timed(resp.read_chunk(), timeouts.first_byte_s, "first token")
+        ctx.first_byte_at = time.monotonic()
+        await send(self._start_message(ctx, resp.content_type, SSE_HEADERS))
+        ctx.response_started = True
+        ctx.stage = "streaming"
+        try:
+            while chunk:
+                out = relay.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                chunk = await _timed(resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
+            tail = relay.flush()
+        finally:
+            ctx.usage = relay.usage
+            ctx.notes["sse_error"] = relay.error
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _relay_body(self, ctx: RequestContext, resp: UpstreamResponse, send: Send) -> None:
+        body = await _timed(resp.read_all(1 << 30), self._cfg.timeouts.idle_s, "body (idle gap)")
+        ctx.first_byte_at = time.monotonic()
+        ctx.usage = usage_from_body(body)
+        await send(self._start_message(ctx, resp.content_type, [], len(body)))
+        ctx.response_started = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
