@@ -1,0 +1,68 @@
+"""The `StateStore` protocol and its value types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Add `amount` to counter `key` only if the result stays ≤ `limit` (None: no limit).
+
+    `key_ttl_s`: the counter expires this long after its last change (None:
+    never), e.g. a fixed rate window or an idle session.
+    """
+
+    key: str
+    amount: int
+    limit: int | None = None
+    key_ttl_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: str
+    claims: tuple[Claim, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    reservation: Reservation | None
+    failed_key: str | None = None
+    current: int = 0
+    limit: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reservation is not None
+
+
+class StateStore(Protocol):
+    async def reserve(self, claims: Sequence[Claim], ttl_s: float) -> ReserveResult:
+        """Atomically apply every claim, or none if any would exceed its limit.
+
+        The reservation expires after `ttl_s` unless settled, released or
+        renewed: a crashed holder cannot leak capacity forever."""
+        ...
+
+    async def settle(self, reservation: Reservation, actual: Mapping[str, int] | None = None) -> None:
+        """End a reservation: keys in `actual` keep that amount permanently
+        (until the key's TTL), all other claimed amounts are given back.
+        Idempotent: settling twice (or after expiry) changes nothing."""
+        ...
+
+    async def release(self, reservation: Reservation) -> None:
+        """Give back everything (same as `settle(reservation, None)`)."""
+        ...
+
+    async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
+        """Extend a live reservation; False if it already expired."""
+        ...
+
+    async def get(self, keys: Sequence[str]) -> list[int]:
+        """Current counter values (0 for missing keys)."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,106 @@
+"""In-process `StateStore`: the default with a single gateway instance.
+
+Every operation runs without awaiting in between, so it is atomic on the
+event loop. Expired reservations are rolled back lazily (on each call, a
+bounded sweep), so memory stays bounded by live reservations and keys.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from gateway.state.base import Claim, Reservation, ReserveResult
+
+_SWEEP_BATCH = 256
+
+
+class MemoryStateStore:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._values: dict[str, int] = {}
+        self._key_expiry: dict[str, float] = {}
+        self._live: dict[str, tuple[Reservation, float]] = {}
+        self._expiry_heap: list[tuple[float, str]] = []
+        self._ids = itertools.count(1)
+
+    async def reserve(self, claims: Sequence[Claim], ttl_s: float) -> ReserveResult:
+        self._sweep()
+        for c in claims:
+            current = self._value(c.key)
+            if c.limit is not None and c.amount > 0 and current + c.amount > c.limit:
+                return ReserveResult(None, c.key, current, c.limit)
+        now = self._clock()
+        for c in claims:
+            self._add(c.key, c.amount, c.key_ttl_s, now)
+        res = Reservation(f"m{next(self._ids)}", tuple(claims))
+        expires = now + ttl_s
+        self._live[res.id] = (res, expires)
+        heapq.heappush(self._expiry_heap, (expires, res.id))
+        return ReserveResult(res)
+
+    async def settle(self, reservation: Reservation, actual: Mapping[str, int] | None = None) -> None:
+        self._sweep()
+        self._finish(reservation.id, actual or {})
+
+    async def release(self, reservation: Reservation) -> None:
+        await self.settle(reservation, None)
+
+    async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
+        self._sweep()
+        live = self._live.get(reservation.id)
+        if live is None:
+            return False
+        expires = self._clock() + ttl_s
+        self._live[reservation.id] = (live[0], expires)
+        heapq.heappush(self._expiry_heap, (expires, reservation.id))
+        return True
+
+    async def get(self, keys: Sequence[str]) -> list[int]:
+        self._sweep()
+        return [self._value(k) for k in keys]
+
+    async def close(self) -> None:
+        return None
+
+    @property
+    def live_reservations(self) -> int:
+        return len(self._live)
+
+    def _finish(self, res_id: str, actual: Mapping[str, int]) -> None:
+        live = self._live.pop(res_id, None)
+        if live is None:
+            return
+        now = self._clock()
+        for c in live[0].claims:
+            keep = actual.get(c.key, 0)
+            self._add(c.key, keep - c.amount, c.key_ttl_s, now)
+
+    def _value(self, key: str) -> int:
+        expiry = self._key_expiry.get(key)
+        if expiry is not None and expiry <= self._clock():
+            self._values.pop(key, None)
+            self._key_expiry.pop(key, None)
+        return self._values.get(key, 0)
+
+    def _add(self, key: str, delta: int, ttl: float | None, now: float) -> None:
+        value = self._value(key) + delta
+        if value == 0 and ttl is None:
+            self._values.pop(key, None)
+        else:
+            self._values[key] = value
+        if ttl is not None:
+            self._key_expiry[key] = now + ttl
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        heap = self._expiry_heap
+        for _ in range(_SWEEP_BATCH):
+            if not heap or heap[0][0] > now:
+                return
+            expires, res_id = heapq.heappop(heap)
+            live = self._live.get(res_id)
+            if live is not None and live[1] <= now:
+                self._finish(res_id, {})
