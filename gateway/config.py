@@ -110,7 +110,7 @@ class UpstreamConfig:
 
     max_connections: int = 10000
     max_connections_per_replica: int = 0
-    keepalive_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 4.0  # below uvicorn's (and so vLLM's) 5 s idle close
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.max_connections_per_replica < 0:

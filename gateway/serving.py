@@ -51,8 +51,15 @@ def _make_server(listener: Listener, log_level: str) -> uvicorn.Server:
 async def serve_all(listeners: Sequence[Listener], log_level: str = "warning") -> None:
     """Serve every listener until one of them stops (Ctrl-C stops all)."""
     servers = [_make_server(lst, log_level) for lst in listeners]
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    tasks: list[asyncio.Task[None]] = []
     try:
+        for server in servers:
+            # Start in order (e.g. simulated replicas before the gateway that probes them).
+            tasks.append(asyncio.create_task(server.serve()))
+            for _ in range(3000):
+                if server.started or tasks[-1].done():
+                    break
+                await asyncio.sleep(0.01)
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for s in servers:

@@ -1,0 +1,64 @@
+"""`gateway demo`: simulated replicas plus the gateway on loopback, no GPU needed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+
+from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig
+from gateway.serving import Listener, serve_all
+
+_EXAMPLE = """\
+Gateway ready on http://127.0.0.1:{port} (admin: http://127.0.0.1:{admin}/metrics,
+/admin/replicas) in front of {n} simulated vLLM replicas on ports {ports}.
+
+Try it:
+
+  curl -s http://127.0.0.1:{port}/v1/chat/completions \\
+    -H 'Content-Type: application/json' \\
+    -d '{{"model": "sim-model", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
+
+  python - <<'PY'
+  from openai import OpenAI
+  client = OpenAI(base_url="http://127.0.0.1:{port}/v1", api_key="demo")
+  stream = client.chat.completions.create(
+      model="sim-model", stream=True, max_tokens=32,
+      messages=[{{"role": "user", "content": "Stream me something"}}])
+  for chunk in stream:
+      print(chunk.choices[0].delta.content or "", end="", flush=True)
+  print()
+  PY
+
+Press Ctrl-C to stop.
+"""
+
+
+def demo_config(args: argparse.Namespace, sim_ports: list[int]) -> GatewayConfig:
+    replicas = tuple(ReplicaConfig(url=f"http://127.0.0.1:{p}", kind="vllm", name=f"sim-{i}")
+                     for i, p in enumerate(sim_ports))
+    listen = ListenConfig(port=args.port, admin_port=args.admin_port)
+    return dataclasses.replace(GatewayConfig(), replicas=replicas, listen=listen, log_level="warning")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+    from gateway.sim.app import create_sim_app
+    from gateway.sim.config import SimConfig
+
+    logging.basicConfig(level="WARNING")
+    sim_ports = [args.sim_port + i for i in range(args.replicas)]
+    sims = [Listener(create_sim_app(SimConfig(flavor="vllm", seed=i)), "127.0.0.1", p)
+            for i, p in enumerate(sim_ports)]
+    cfg = demo_config(args, sim_ports)
+    gw = create_app(cfg)
+    listeners = sims + [Listener(gw.public_app, "127.0.0.1", args.port),
+                        Listener(gw.admin_app, "127.0.0.1", args.admin_port)]
+    print(_EXAMPLE.format(port=args.port, admin=args.admin_port, n=args.replicas,
+                          ports=", ".join(map(str, sim_ports))), flush=True)
+    try:
+        asyncio.run(serve_all(listeners))
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config import GatewayConfig, load_config, parse_config
+from gateway.configtools import ConfigError
+
+
+def problems(data: object) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    return exc.value.problems
+
+
+def test_minimal_config_gets_defaults() -> None:
+    cfg = parse_config({"replicas": [{"url": "http://127.0.0.1:8000/"}]})
+    assert cfg.replicas[0].url == "http://127.0.0.1:8000"
+    assert cfg.replicas[0].name == "127.0.0.1:8000"
+    assert cfg.listen.port == 8080 and cfg.listen.admin_host == "127.0.0.1"
+    assert cfg.limits.max_body_bytes == 32 * 1024 * 1024
+
+
+def test_unknown_key_is_named_with_its_path() -> None:
+    found = problems({"replicas": [{"url": "http://a:1", "wieght": 2}]})
+    assert any(p.startswith("replicas[0].wieght: unknown key") for p in found), found
+
+
+def test_wrong_types_are_not_coerced() -> None:
+    found = problems({"listen": {"port": "8080"}, "health": {"interval_s": True}})
+    assert "listen.port: expected an integer, got '8080'" in found
+    assert any(p.startswith("health.interval_s: expected a number") for p in found)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    found = problems({"listen": {"port": -1}, "replicas": [{"url": "ftp://x"}], "bogus": 1})
+    joined = "\n".join(found)
+    assert "bogus: unknown key" in joined
+    assert "replicas[0]: url must be http(s)" in joined
+    assert "listen: port must be a TCP port" in joined
+
+
+def test_literal_choices_and_required_keys() -> None:
+    found = problems({"replicas": [{"kind": "tgi"}]})
+    assert "replicas[0].url: required key is missing" in found
+    assert any("replicas[0].kind: must be one of" in p for p in found)
+
+
+def test_env_references(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGINE_KEY", "s3cret")
+    cfg = parse_config({"replicas": [{"url": "http://a:1", "api_key": "${ENGINE_KEY}"}]})
+    assert cfg.replicas[0].api_key == "s3cret"
+    monkeypatch.delenv("ENGINE_KEY")
+    found = problems({"replicas": [{"url": "http://a:1", "api_key": "${ENGINE_KEY}"}]})
+    assert found == ["replicas[0].api_key: environment variable ENGINE_KEY is not set"]
+
+
+def test_duplicate_replica_names() -> None:
+    found = problems({"replicas": [{"url": "http://a:1", "name": "x"}, {"url": "http://b:1", "name": "x"}]})
+    assert any("duplicate replica names ['x']" in p for p in found)
+
+
+def test_invalid_yaml_file(tmp_path: Path) -> None:
+    bad = tmp_path / "g.yaml"
+    bad.write_text("listen: [unclosed\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(bad)
+    assert "invalid YAML" in exc.value.problems[0]
+
+
+def _check_config(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", "check-config", str(path)],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_check_config_cli_rejects_unknown_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text("replicas:\n  - url: http://127.0.0.1:8000\n    colour: blue\nlisten:\n  prot: 1\n")
+    result = _check_config(cfg)
+    assert result.returncode == 1
+    assert "replicas[0].colour: unknown key" in result.stderr
+    assert "listen.prot: unknown key" in result.stderr
+
+
+def test_check_config_cli_prints_effective_config_with_secrets_masked(tmp_path: Path) -> None:
+    import os
+
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text("replicas:\n  - url: http://127.0.0.1:8000\n    api_key: ${K}\n")
+    result = _check_config(cfg, env={**os.environ, "K": "very-secret-key"})
+    assert result.returncode == 0, result.stderr
+    assert "very-secret-key" not in result.stdout
+    assert "api_key: '***'" in result.stdout
+    assert "first_byte_s: 600.0" in result.stdout
+
+
+def test_shipped_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "x")
+    cfg = load_config(Path(__file__).parent.parent / "config" / "gateway.yaml")
+    assert isinstance(cfg, GatewayConfig)
+    assert [r.kind for r in cfg.replicas] == ["vllm", "vllm", "llamacpp"]
