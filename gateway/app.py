@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admin import build_admin_app
 from gateway.admission import PassThroughAdmission
@@ -145,7 +145,12 @@ class CompletionsEndpoint:
         except ClientGone:
             self._gw.metrics.cancellations.labels("ingress").inc()
             return
-        await _race_disconnect(self._gw.pipeline.handle(ctx, raw, send), receive)
+        async def tracked_send(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                ctx.response_complete = True
+
+        await _race_disconnect(self._gw.pipeline.handle(ctx, raw, tracked_send), receive, ctx)
 
 
 async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
@@ -167,11 +172,18 @@ async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
             return b"".join(parts)
 
 
-async def _race_disconnect(work: Any, receive: Receive) -> None:
+async def _race_disconnect(work: Any, receive: Receive, ctx: RequestContext) -> None:
+    """Run the pipeline until it ends or the client goes away, whichever is first.
+
+    `receive()` blocks until the client disconnects, so no polling. Once the
+    last body byte was sent, a disconnect no longer cancels: the remaining
+    work is settling (lease release, budget settle), which must complete."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and ctx.response_complete:
+            await asyncio.wait({task})
     finally:
         if not task.done():
             task.cancel()

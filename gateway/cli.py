@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(args)
     from gateway.sim.cli import run_sim
 
-    return run_sim(args)
+    return int(run_sim(args))
 
 
 if __name__ == "__main__":

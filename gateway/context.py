@@ -46,6 +46,7 @@ class RequestContext:
     # forward
     stage: str = "ingress"
     response_started: bool = False
+    response_complete: bool = False
     first_byte_at: float | None = None
     usage: dict[str, Any] | None = None
     upstream_status: int | None = None

@@ -83,9 +83,8 @@ class BackgroundServers:
         self._error: BaseException | None = None
 
     def start(self, timeout: float = 20.0) -> BackgroundServers:
+        # uvicorn installs signal handlers only on the main thread, so none here.
         self._servers = [_make_server(lst, self._log_level) for lst in self._listeners]
-        for s in self._servers:
-            s.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, name="bg-servers", daemon=True)
         self._thread.start()
         deadline = timeout
@@ -131,7 +130,8 @@ class BackgroundServers:
             self._thread.join(timeout)
 
     def __enter__(self) -> Self:
-        return self.start()
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
