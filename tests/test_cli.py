@@ -1,0 +1,89 @@
+"""The CLI as a user runs it: `gateway demo` and `gateway serve --replica URL` in subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+
+from gateway.serving import free_port
+from gateway.sim.cluster import SimCluster
+
+
+@contextmanager
+def _process(args: Sequence[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _wait_ready(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} not ready within {timeout}s")
+
+
+def test_demo_serves_openai_clients(tmp_path: Path) -> None:
+    port, admin, sim = free_port(), free_port(), free_port()
+    with _process(["demo", "--port", str(port), "--admin-port", str(admin), "--sim-port", str(sim),
+                   "--replicas", "1"], tmp_path / "demo.log"):
+        _wait_ready(f"http://127.0.0.1:{port}")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="demo", max_retries=0)
+        resp = client.chat.completions.create(model="sim-model", max_tokens=8,
+                                              messages=[{"role": "user", "content": "hi"}])
+        assert resp.usage is not None and resp.usage.completion_tokens == 8
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="sim-model", max_tokens=8, stream=True, messages=[{"role": "user", "content": "hi"}]) if c.choices)
+        assert text.strip()
+        assert httpx.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).status_code == 200
+    out = (tmp_path / "demo.log").read_text()
+    assert "curl -s http://127.0.0.1:" in out and "from openai import OpenAI" in out
+
+
+def test_serve_detects_engine_kinds(tmp_path: Path) -> None:
+    with SimCluster.start(1, flavor="vllm", speed=50) as vllm, \
+            SimCluster.start(1, flavor="llamacpp", speed=50) as llama:
+        port, admin = free_port(), free_port()
+        with _process(["serve", "--replica", vllm.urls[0], "--replica", llama.urls[0],
+                       "--port", str(port), "--admin-port", str(admin)], tmp_path / "serve.log"):
+            _wait_ready(f"http://127.0.0.1:{port}")
+            deadline = time.monotonic() + 15
+            kinds: dict[str, str] = {}
+            while time.monotonic() < deadline:
+                reps = httpx.get(f"http://127.0.0.1:{admin}/admin/replicas", timeout=5).json()["replicas"]
+                kinds = {r["url"]: r["kind"] for r in reps if r["healthy"]}
+                if len(kinds) == 2:
+                    break
+                time.sleep(0.2)
+            assert kinds == {vllm.urls[0]: "vllm", llama.urls[0]: "llamacpp"}
+            models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"]
+            assert any(m["id"] == "sim-model" for m in models)
+
+
+def test_serve_without_replicas_fails_with_a_clear_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "gateway", "serve"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "replicas: at least one replica is required" in result.stderr
