@@ -53,9 +53,14 @@ class SimClock:
     async def sleep(self, sim_seconds: float) -> None:
         await asyncio.sleep(sim_seconds / self.speed)
 
-    async def step(self, sim_seconds: float) -> float:
-        """Run one engine step of `sim_seconds`; return the simulated time at its end."""
-        end = self.now() + sim_seconds
+    async def step(self, sim_seconds: float, start: float | None = None) -> float:
+        """Run one engine step of `sim_seconds`; return the simulated time at its end.
+
+        `start` (the moment an idle engine was woken) keeps the wake-up latency
+        of the event loop out of simulated time, unless it exceeds the step.
+        """
+        now = self.now()
+        end = max((now if start is None else start) + sim_seconds, now)
         self._cap = end
         try:
             await asyncio.sleep(sim_seconds / self.speed)
@@ -73,6 +78,8 @@ class Totals:
     finished: int = 0
     errors: int = 0
     preemptions: int = 0
+    #: llama.cpp: requests that had to wait for a slot.
+    deferrals: int = 0
     aborts: int = 0
     prefix_queries_tokens: int = 0
     prefix_hits_tokens: int = 0
@@ -184,6 +191,8 @@ class Engine:
         self.scheduler = scheduler
         self._wake = asyncio.Event()
         self._paused = False
+        self._idle = True
+        self._woken_at: float | None = None
 
     @property
     def paused(self) -> bool:
@@ -191,10 +200,15 @@ class Engine:
 
     def set_paused(self, paused: bool) -> None:
         self._paused = paused
-        self._wake.set()
+        self._signal()
 
     def submit(self, req: SimRequest) -> None:
         self.scheduler.add(req)
+        self._signal()
+
+    def _signal(self) -> None:
+        if self._idle and self._woken_at is None:
+            self._woken_at = self.core.clock.now()
         self._wake.set()
 
     def abort(self, req: SimRequest) -> None:
@@ -209,7 +223,7 @@ class Engine:
         self.core.totals.aborts += 1
         self.core.observer.on_finish(rec)
         req.events.put_nowait(Aborted())
-        self._wake.set()
+        self._signal()
 
     def step_time(self, plan: list[Work]) -> float:
         cfg = self.core.config
@@ -221,12 +235,14 @@ class Engine:
         while True:
             plan = [] if self._paused else self.scheduler.schedule()
             if not plan:
+                self._idle, self._woken_at = True, None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             dt = self.step_time(plan)
             self._account(plan, dt)
-            end = await self.core.clock.step(dt)
+            start, self._idle, self._woken_at = self._woken_at, False, None
+            end = await self.core.clock.step(dt, start)
             self.scheduler.commit(plan, end)
 
     def _account(self, plan: list[Work], dt: float) -> None:

@@ -72,6 +72,8 @@ class RequestRecord:
     cached_tokens: int = 0
     output_tokens: int = 0
     preemptions: int = 0
+    #: llama.cpp: found no usable slot at first and waited in the deferred queue.
+    deferred: bool = False
     aborted: bool = False
     abort_time: float | None = None
     abort_wall: float | None = None

@@ -136,14 +136,21 @@ class SlotScheduler:
         for req in list(self.deferred):
             slot = self._pick(req)
             if slot is None:
+                self._note_deferred(req)
                 continue
             if len(req.prompt) >= slot.n_ctx:
                 self.deferred.remove(req)
                 self._fail_context(req, slot)
                 continue
             if not self._start(req, slot):
+                self._note_deferred(req)
                 break  # unified pool full: keep the queue order
             self.deferred.remove(req)
+
+    def _note_deferred(self, req: SimRequest) -> None:
+        if not req.record.deferred:
+            req.record.deferred = True
+            self.core.totals.deferrals += 1
 
     def _pick(self, req: SimRequest) -> Slot | None:
         if req.id_slot is not None and req.id_slot >= 0:

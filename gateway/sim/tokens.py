@@ -1,8 +1,9 @@
 """A deterministic pseudo-tokenizer, the fixed chat template, and output text.
 
-Tokenizer rule: the text is cut into pieces by the regex `\\s*\\S+|\\s+` (each
-word keeps the whitespace before it, like BPE's leading-space tokens; trailing
-whitespace is a piece of its own). Each piece is cut into chunks of 4
+Tokenizer rule: every newline is a piece of its own; the rest of the text is
+cut into words that keep the spaces or tabs before them (like BPE's
+leading-space tokens), with trailing spaces a piece of their own (regex
+`\\n|[^\\S\\n]*\\S+|[^\\S\\n]+`). Each piece is cut into chunks of 4
 characters from its start and every chunk is one token, whose id is
 `xxh32(chunk) % VOCAB_SIZE`. So "hello world" is `hell|o| wor|ld` = 4 tokens:
 about one token per 3-4 characters of English, never more than one per
@@ -33,7 +34,7 @@ from typing import Any
 import xxhash
 
 VOCAB_SIZE = 131072
-_PIECE = re.compile(r"\s*\S+|\s+")
+_PIECE = re.compile(r"\n|[^\S\n]*\S+|[^\S\n]+")
 _CHUNK = 4
 _WORDS = (
     "the", "a", "of", "and", "to", "in", "is", "it", "on", "for", "as", "at", "by", "we",

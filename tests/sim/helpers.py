@@ -40,6 +40,11 @@ def totals(cluster: SimCluster, i: int = 0) -> dict[str, Any]:
     return cluster.stats(i)["totals"]  # type: ignore[no-any-return]
 
 
+def queued(cluster: SimCluster, n: int, i: int = 0) -> Callable[[], bool]:
+    """A predicate: replica `i` has exactly `n` requests waiting (or deferred)."""
+    return lambda: bool(totals(cluster, i)["waiting"] == n)
+
+
 def records(cluster: SimCluster, i: int = 0) -> list[dict[str, Any]]:
     return cluster.stats(i)["requests"]  # type: ignore[no-any-return]
 
