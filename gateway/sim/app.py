@@ -3,7 +3,8 @@
 Generation routes (both flavours): `POST /v1/chat/completions`,
 `POST /v1/completions`; llama.cpp also `/chat/completions`, `/completions`
 and its native `/completion` (`n_predict`, `content`). Simulator-only routes:
-`GET /sim/stats`, `POST /sim/reset` (optional `{"clear_cache": false}`),
+`GET /sim/stats` (`?records=0` leaves out the per-request records),
+`POST /sim/reset` (optional `{"clear_cache": false}`),
 `POST /sim/fault` (see `faults.py`).
 
 The engine loop starts in the lifespan and is cancelled on shutdown. During
@@ -54,8 +55,15 @@ from gateway.sim.slots import SlotScheduler
 from gateway.sim.tokens import OutputText, prompt_digest
 
 ASGIResponse = Callable[[Scope, Receive, Send], Awaitable[None]]
-HEADERS_SEEN = ("authorization", "x-request-id", "x-request-deadline", "x-request-timeout",
-                "x-stainless-timeout", "x-stainless-retry-count", "x-session-id")
+HEADERS_SEEN = (
+    "authorization",
+    "x-request-id",
+    "x-request-deadline",
+    "x-request-timeout",
+    "x-stainless-timeout",
+    "x-stainless-retry-count",
+    "x-session-id",
+)
 LLAMA_PUBLIC = ("/health", "/v1/health", "/models", "/v1/models")
 _NEVER = 1 << 62
 
@@ -120,11 +128,16 @@ class SimReplica:
             await asyncio.gather(task, return_exceptions=True)
 
     def _routes(self) -> list[Route]:
-        gen: list[tuple[str, Endpoint]] = [("/v1/chat/completions", "chat"),
-                                           ("/v1/completions", "completion")]
+        gen: list[tuple[str, Endpoint]] = [
+            ("/v1/chat/completions", "chat"),
+            ("/v1/completions", "completion"),
+        ]
         if self.config.flavor == "llamacpp":
-            gen += [("/chat/completions", "chat"), ("/completions", "completion"),
-                    ("/completion", "native")]
+            gen += [
+                ("/chat/completions", "chat"),
+                ("/completions", "completion"),
+                ("/completion", "native"),
+            ]
         routes = [Route(path, _Generate(self, kind), methods=["POST"]) for path, kind in gen]
         routes += vllm_routes(self) if self.config.flavor == "vllm" else llamacpp_routes(self)
         routes += [
@@ -165,36 +178,63 @@ class SimReplica:
             self.core.totals.errors += 1
             raise
 
-    def _accept(self, request: Request, body: dict[str, Any], endpoint: Endpoint,
-                record: RequestRecord) -> ASGIResponse:
+    def _accept(
+        self, request: Request, body: dict[str, Any], endpoint: Endpoint, record: RequestRecord
+    ) -> ASGIResponse:
         fault = self.faults.take()
         if fault is not None and fault.error_status is not None:
             raise error(self.config, fault.error_status, fault.error_message)
         job = parse_job(self.config, endpoint, body)
-        record.prompt_tokens, record.priority, record.stream = len(job.prompt), job.priority, job.stream
+        record.prompt_tokens, record.priority, record.stream = (
+            len(job.prompt),
+            job.priority,
+            job.stream,
+        )
         limit = self.config.max_num_queued_reqs
         busy = limit is not None and self.scheduler.gauges()["waiting"] >= limit
         if self.config.flavor == "vllm" and busy:
-            raise error(self.config, 503, (
-                f"The engine is currently busy: {limit} requests are already waiting "
-                "(max_num_queued_reqs). Please try again later."))
+            raise error(
+                self.config,
+                503,
+                (
+                    f"The engine is currently busy: {limit} requests are already waiting "
+                    "(max_num_queued_reqs). Please try again later."
+                ),
+            )
         req = self._new_request(job, record)
         die_after = fault.die_after_tokens if fault is not None else None
-        return Exchange(self.engine, req, Formatter(self.config.flavor, job, record.id),
-                        die_after, request.scope.get("sim.transport"))
+        return Exchange(
+            self.engine,
+            req,
+            Formatter(self.config.flavor, job, record.id),
+            die_after,
+            request.scope.get("sim.transport"),
+        )
 
     def _new_request(self, job: Job, record: RequestRecord) -> SimRequest:
         cfg = self.config
         room = context_room(cfg, len(job.prompt))
         max_output = room if job.cap is None else min(job.cap, room)
-        output = OutputText(cfg.seed, prompt_digest(job.prompt), cfg.output_len_min, cfg.output_len_max)
+        output = OutputText(
+            cfg.seed, prompt_digest(job.prompt), cfg.output_len_min, cfg.output_len_max
+        )
         natural = _NEVER if job.ignore_eos else max(output.natural_len, job.min_tokens)
-        return SimRequest(rid=record.id, prompt=job.prompt, max_output=max_output,
-                          natural_len=natural, output=output, record=record,
-                          priority=job.priority, cache_salt=job.cache_salt,
-                          id_slot=job.id_slot, cache_prompt=job.cache_prompt)
+        return SimRequest(
+            rid=record.id,
+            prompt=job.prompt,
+            max_output=max_output,
+            natural_len=natural,
+            output=output,
+            record=record,
+            priority=job.priority,
+            cache_salt=job.cache_salt,
+            id_slot=job.id_slot,
+            cache_prompt=job.cache_prompt,
+        )
 
-    def _new_record(self, request: Request, body: dict[str, Any], endpoint: Endpoint) -> RequestRecord:
+    def _new_record(
+        self, request: Request, body: dict[str, Any], endpoint: Endpoint
+    ) -> RequestRecord:
         x_request_id = request.headers.get("x-request-id")
         prefix = "chatcmpl" if endpoint == "chat" or self.config.flavor == "llamacpp" else "cmpl"
         if self.config.flavor == "vllm" and x_request_id:
@@ -203,8 +243,12 @@ class SimReplica:
             rid = f"{prefix}-{uuid.uuid4().hex}"
         seen = {k: v for k in HEADERS_SEEN if (v := request.headers.get(k)) is not None}
         return RequestRecord(
-            id=rid, x_request_id=x_request_id, endpoint=request.url.path,
-            arrival=self.core.clock.now(), arrival_wall=time.time(), headers_seen=seen,
+            id=rid,
+            x_request_id=x_request_id,
+            endpoint=request.url.path,
+            arrival=self.core.clock.now(),
+            arrival_wall=time.time(),
+            headers_seen=seen,
             body={k: body.get(k) for k in RECORDED_FIELDS},
         )
 
@@ -212,14 +256,19 @@ class SimReplica:
     def snapshot(self) -> tuple[Totals, dict[str, Any]]:
         return self.core.totals, self.scheduler.gauges()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, records: bool = True) -> dict[str, Any]:
+        """`/sim/stats`: totals, gauges and (unless `records=False`) per-request records."""
         totals, gauges = self.snapshot()
         out: dict[str, Any] = {
-            "flavor": self.config.flavor, "model": self.config.model,
-            "now": self.core.clock.now(), "now_wall": time.time(), "speed": self.config.speed,
-            "paused": self.engine.paused, "faults": self.faults.to_dict(),
+            "flavor": self.config.flavor,
+            "model": self.config.model,
+            "now": self.core.clock.now(),
+            "now_wall": time.time(),
+            "speed": self.config.speed,
+            "paused": self.engine.paused,
+            "faults": self.faults.to_dict(),
             "totals": totals.to_dict() | gauges,
-            "requests": [r.to_dict() for r in self.core.records],
+            "requests": [r.to_dict() for r in self.core.records] if records else [],
         }
         if isinstance(self.scheduler, SlotScheduler):
             out["slots"] = [slot_json(s) for s in self.scheduler.slots]
@@ -239,7 +288,8 @@ class SimReplica:
         return self.faults.to_dict()
 
     async def _stats_route(self, request: Request) -> Response:
-        return JSONResponse(self.stats())
+        records = request.query_params.get("records", "1") not in ("0", "false")
+        return JSONResponse(self.stats(records=records))
 
     async def _reset_route(self, request: Request) -> Response:
         raw = await request.body()

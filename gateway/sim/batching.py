@@ -213,7 +213,9 @@ class BatchScheduler:
     # --- blocks ----------------------------------------------------------------
     def _extend_hashes(self, req: SimRequest, full_blocks: int) -> None:
         if len(req.hashes) < full_blocks:
-            extend_hashes(req.hashes, full_blocks, req.token_range, self._bs, salt_root(req.cache_salt))
+            extend_hashes(
+                req.hashes, full_blocks, req.token_range, self._bs, salt_root(req.cache_salt)
+            )
 
     def _cache_full_blocks(self, req: SimRequest) -> None:
         full = req.num_computed // self._bs

@@ -34,8 +34,12 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `gateway sim` (every SimConfig field, plus where to listen)."""
     parser.add_argument("--replicas", type=int, default=1, help="number of replicas (default 1)")
     parser.add_argument("--host", default="127.0.0.1", help="listen host (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8001,
-                        help="port of the first replica; the others follow (default 8001)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8001,
+        help="port of the first replica; the others follow (default 8001)",
+    )
     parser.add_argument("--log-level", default="warning", help="uvicorn log level")
     defaults = SimConfig()
     for field in dataclasses.fields(SimConfig):
@@ -44,8 +48,11 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_field(parser: argparse.ArgumentParser, name: str, default: Any) -> None:
     flags = ["--" + name.replace("_", "-"), *_ALIASES.get(name, [])]
-    kw: dict[str, Any] = {"dest": f"sim_{name}", "default": default,
-                          "help": f"SimConfig.{name} (default {default!r})"}
+    kw: dict[str, Any] = {
+        "dest": f"sim_{name}",
+        "default": default,
+        "help": f"SimConfig.{name} (default {default!r})",
+    }
     if isinstance(default, bool):
         kw["action"] = argparse.BooleanOptionalAction
     elif name in _OPTIONAL:
@@ -72,8 +79,9 @@ def run_sim(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         print("gateway sim: --replicas must be >= 1", file=sys.stderr)
         return 2
-    listeners = [Listener(create_sim_app(config), args.host, args.port + i)
-                 for i in range(args.replicas)]
+    listeners = [
+        Listener(create_sim_app(config), args.host, args.port + i) for i in range(args.replicas)
+    ]
     for lst in listeners:
         print(f"sim {config.flavor} replica on http://{lst.host}:{lst.port}", flush=True)
     try:

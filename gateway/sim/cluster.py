@@ -17,6 +17,8 @@ from gateway.serving import BackgroundServers, Listener, free_port
 from gateway.sim.app import SimReplica
 from gateway.sim.config import SimConfig
 
+_START_ATTEMPTS = 3
+
 
 class SimCluster:
     """N simulated replicas on free loopback ports (see the module docstring)."""
@@ -25,13 +27,19 @@ class SimCluster:
         if not configs:
             raise ValueError("SimCluster needs at least one SimConfig")
         self.configs = list(configs)
-        self.replicas = [SimReplica(c) for c in self.configs]
         self.host = host
-        self.ports = [free_port(host) for _ in self.replicas]
-        self._servers = BackgroundServers(
-            [Listener(r.app, host, port) for r, port in zip(self.replicas, self.ports, strict=True)]
-        )
         self._running = False
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Fresh replicas on fresh free ports (an engine is bound to its event loop)."""
+        self.replicas = [SimReplica(c) for c in self.configs]
+        self.ports = [free_port(self.host) for _ in self.replicas]
+        listeners = [
+            Listener(r.app, self.host, port)
+            for r, port in zip(self.replicas, self.ports, strict=True)
+        ]
+        self._servers = BackgroundServers(listeners)
 
     @classmethod
     def start(cls, n: int = 1, **overrides: Any) -> SimCluster:
@@ -41,9 +49,18 @@ class SimCluster:
         return cls([SimConfig(**overrides)] * n).run()
 
     def run(self) -> Self:
-        if not self._running:
-            self._servers.start()
-            self._running = True
+        """Start serving; retries on new ports if another process took one meanwhile."""
+        for attempt in range(_START_ATTEMPTS):
+            if self._running:
+                break
+            try:
+                self._servers.start()
+                self._running = True
+            except RuntimeError:
+                self._servers.stop()
+                if attempt == _START_ATTEMPTS - 1:
+                    raise
+                self._prepare()
         return self
 
     def stop(self) -> None:
@@ -61,9 +78,10 @@ class SimCluster:
     def urls(self) -> list[str]:
         return [f"http://{self.host}:{port}" for port in self.ports]
 
-    def stats(self, i: int) -> dict[str, Any]:
+    def stats(self, i: int, records: bool = True) -> dict[str, Any]:
+        """`/sim/stats` of replica `i` (records left out when `records=False`)."""
         replica = self.replicas[i]
-        return self._on_loop(replica.stats)  # type: ignore[no-any-return]
+        return self._on_loop(lambda: replica.stats(records))  # type: ignore[no-any-return]
 
     def reset(self, clear_cache: bool = True) -> None:
         for replica in self.replicas:

@@ -93,14 +93,28 @@ class SimConfig:
 
 
 _POSITIVE_INTS = (
-    "max_model_len", "kv_tokens", "block_size", "max_num_seqs",
-    "max_num_batched_tokens", "parallel", "n_batch", "output_len_min", "output_len_max",
+    "max_model_len",
+    "kv_tokens",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "parallel",
+    "n_batch",
+    "output_len_min",
+    "output_len_max",
 )
 _NON_NEGATIVE_FLOATS = (
-    "warmup_s", "step_base_s", "prefill_token_s", "decode_seq_s", "slot_prompt_similarity",
+    "warmup_s",
+    "step_base_s",
+    "prefill_token_s",
+    "decode_seq_s",
+    "slot_prompt_similarity",
 )
 _BOOLS = (
-    "enable_prefix_caching", "reject_overlong_output", "legacy_metrics", "unified_kv",
+    "enable_prefix_caching",
+    "reject_overlong_output",
+    "legacy_metrics",
+    "unified_kv",
     "metrics_enabled",
 )
 
@@ -152,8 +166,10 @@ def _check_special(name: str, value: object) -> str | None:
 
 def _check_relations(cfg: SimConfig) -> list[str]:
     problems: list[str] = []
-    if _is_int(cfg.output_len_min) and _is_int(cfg.output_len_max) and (
-        cfg.output_len_min > cfg.output_len_max
+    if (
+        _is_int(cfg.output_len_min)
+        and _is_int(cfg.output_len_max)
+        and (cfg.output_len_min > cfg.output_len_max)
     ):
         problems.append("output_len_min must be <= output_len_max")
     if not (_is_int(cfg.kv_tokens) and _is_int(cfg.block_size) and _is_int(cfg.parallel)):

@@ -46,8 +46,9 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 class Exchange:
     """Raw ASGI response serving one generation request (see the module docstring)."""
 
-    def __init__(self, engine: Engine, req: SimRequest, fmt: Formatter,
-                 die_after: int | None, transport: Any) -> None:
+    def __init__(
+        self, engine: Engine, req: SimRequest, fmt: Formatter, die_after: int | None, transport: Any
+    ) -> None:
         self._engine = engine
         self._req = req
         self._fmt = fmt
@@ -161,8 +162,9 @@ class Exchange:
                 return  # aborted: the client is gone
 
     # --- low level -----------------------------------------------------------------------
-    async def _start(self, send: Send, status: int, content_type: bytes,
-                     length: int | None = None) -> None:
+    async def _start(
+        self, send: Send, status: int, content_type: bytes, length: int | None = None
+    ) -> None:
         if self._started:
             return
         self._started = True
@@ -172,7 +174,9 @@ class Exchange:
         await send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def _start_sse(self, send: Send) -> None:
-        kind = b"text/event-stream; charset=utf-8" if self._flavor == "vllm" else b"text/event-stream"
+        kind = (
+            b"text/event-stream; charset=utf-8" if self._flavor == "vllm" else b"text/event-stream"
+        )
         await self._start(send, 200, kind)
 
     async def _send_json(self, send: Send, status: int, body: dict[str, Any]) -> None:

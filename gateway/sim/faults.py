@@ -78,8 +78,10 @@ def _validate(changes: dict[str, Any]) -> None:
     for key, value in changes.items():
         if key not in _FIELDS:
             raise ValueError(f"unknown fault field {key!r} (known: {', '.join(_FIELDS)})")
-        if key in _INT_FIELDS and value is not None and not (
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if (
+            key in _INT_FIELDS
+            and value is not None
+            and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
         ):
             raise ValueError(f"{key} must be a non-negative integer or null, got {value!r}")
         if key in ("paused", "clear") and not isinstance(value, bool):

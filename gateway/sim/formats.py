@@ -96,9 +96,16 @@ class Formatter:
     def _message(self, text: str) -> dict[str, Any]:
         if self.flavor == "llamacpp":
             return {"role": "assistant", "content": text}
-        return {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                "audio": None, "function_call": None, "tool_calls": [],
-                "reasoning_content": None}
+        return {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        }
 
     def _chunk(self, delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
         if isinstance(delta, dict):
@@ -113,23 +120,40 @@ class Formatter:
     def _envelope(self, choices: list[dict[str, Any]], obj: str, **extra: Any) -> dict[str, Any]:
         if obj == "text_completion.chunk":
             obj = "text_completion"  # completions chunks reuse the object name
-        body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created,
-                                "model": self.job.model, "choices": choices}
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.job.model,
+            "choices": choices,
+        }
         if self.flavor == "llamacpp":
             body["system_fingerprint"] = LLAMA_BUILD
         body.update(extra)
         return body
 
-    def _native(self, text: str, rec: RequestRecord, final: bool,
-                reason: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"index": 0, "content": text, "tokens": [], "id_slot": rec.slot,
-                                "stop": final, "model": self.job.model,
-                                "tokens_predicted": rec.output_tokens,
-                                "tokens_evaluated": rec.prompt_tokens}
+    def _native(
+        self, text: str, rec: RequestRecord, final: bool, reason: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "index": 0,
+            "content": text,
+            "tokens": [],
+            "id_slot": rec.slot,
+            "stop": final,
+            "model": self.job.model,
+            "tokens_predicted": rec.output_tokens,
+            "tokens_evaluated": rec.prompt_tokens,
+        }
         if final:
-            body.update(stop_type="eos" if reason == "stop" else "limit", stopping_word="",
-                        has_new_line=False, truncated=False, tokens_cached=rec.cached_tokens,
-                        timings=timings(rec))
+            body.update(
+                stop_type="eos" if reason == "stop" else "limit",
+                stopping_word="",
+                has_new_line=False,
+                truncated=False,
+                tokens_cached=rec.cached_tokens,
+                timings=timings(rec),
+            )
         return body
 
 

@@ -55,9 +55,16 @@ def vllm_routes(replica: SimReplica) -> list[Route]:
 
     async def models(request: Request) -> Response:
         replica.check_auth(request)
-        card = {"id": cfg.model, "object": "model", "created": int(time.time()),
-                "owned_by": "vllm", "root": cfg.model, "parent": None,
-                "max_model_len": cfg.max_model_len, "permission": []}
+        card = {
+            "id": cfg.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": cfg.model,
+            "parent": None,
+            "max_model_len": cfg.max_model_len,
+            "permission": [],
+        }
         return JSONResponse({"object": "list", "data": [card]})
 
     async def version(request: Request) -> Response:
@@ -69,12 +76,20 @@ def vllm_routes(replica: SimReplica) -> list[Route]:
         if model is not None and model != cfg.model:
             raise error(cfg, 404, f"The model `{model}` does not exist.", param="model")
         tokens = tokenize(_vllm_tokenize_text(replica, body))
-        return JSONResponse({"count": len(tokens), "max_model_len": cfg.max_model_len,
-                             "tokens": tokens, "token_strs": None})
+        return JSONResponse(
+            {
+                "count": len(tokens),
+                "max_model_len": cfg.max_model_len,
+                "tokens": tokens,
+                "token_strs": None,
+            }
+        )
 
     async def metrics(request: Request) -> Response:
         assert replica.metrics is not None
-        return Response(replica.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            replica.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     return [
         Route("/health", guarded(health), methods=["GET"]),
@@ -120,8 +135,10 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
         status = replica.faults.health_status or 200
         if status == 200:
             return JSONResponse({"status": "ok"})
-        return JSONResponse(error_body("llamacpp", status, _LOADING if status == 503 else "unavailable"),
-                            status_code=status)
+        return JSONResponse(
+            error_body("llamacpp", status, _LOADING if status == 503 else "unavailable"),
+            status_code=status,
+        )
 
     async def slots(request: Request) -> Response:
         if request.query_params.get("fail_on_no_slot") and all(s.req for s in scheduler.slots):
@@ -129,23 +146,35 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
         return JSONResponse([slot_json(s) for s in scheduler.slots])
 
     async def props(request: Request) -> Response:
-        return JSONResponse({
-            "default_generation_settings": {"id": 0, "n_ctx": cfg.slot_ctx,
-                                            "params": _params(-1), "speculative": False},
-            "total_slots": cfg.parallel, "model_path": f"/models/{cfg.model}.gguf",
-            "model_alias": cfg.model, "chat_template": _TEMPLATE,
-            "modalities": {"vision": False, "audio": False}, "build_info": LLAMA_BUILD,
-            "endpoint_slots": True, "endpoint_metrics": cfg.metrics_enabled,
-            "is_sleeping": False,
-        })
+        return JSONResponse(
+            {
+                "default_generation_settings": {
+                    "id": 0,
+                    "n_ctx": cfg.slot_ctx,
+                    "params": _params(-1),
+                    "speculative": False,
+                },
+                "total_slots": cfg.parallel,
+                "model_path": f"/models/{cfg.model}.gguf",
+                "model_alias": cfg.model,
+                "chat_template": _TEMPLATE,
+                "modalities": {"vision": False, "audio": False},
+                "build_info": LLAMA_BUILD,
+                "endpoint_slots": True,
+                "endpoint_metrics": cfg.metrics_enabled,
+                "is_sleeping": False,
+            }
+        )
 
     async def metrics(request: Request) -> Response:
         if not cfg.metrics_enabled:
-            raise error(cfg, 501, "This server does not support metrics endpoint. "
-                        "Start it with `--metrics`")
+            raise error(
+                cfg, 501, "This server does not support metrics endpoint. Start it with `--metrics`"
+            )
         totals, gauges = replica.snapshot()
-        return PlainTextResponse(llamacpp_metrics_text(totals, gauges),
-                                 media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(
+            llamacpp_metrics_text(totals, gauges), media_type="text/plain; version=0.0.4"
+        )
 
     async def tokenize_route(request: Request) -> Response:
         body = decode_body(cfg, await request.body())
@@ -155,7 +184,9 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
         tokens = tokenize(content)
         if body.get("with_pieces") is True:
             pieces = token_pieces(content)
-            return JSONResponse({"tokens": [{"id": t, "piece": p} for t, p in zip(tokens, pieces, strict=True)]})
+            return JSONResponse(
+                {"tokens": [{"id": t, "piece": p} for t, p in zip(tokens, pieces, strict=True)]}
+            )
         return JSONResponse({"tokens": tokens})
 
     async def apply_template(request: Request) -> Response:
@@ -169,12 +200,24 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
             raise error(cfg, 400, str(exc)) from exc
 
     async def models(request: Request) -> Response:
-        meta = {"vocab_type": 2, "n_vocab": 131072, "n_ctx_train": cfg.max_model_len,
-                "n_embd": 4096, "n_params": 8030261248, "size": 4920733696}
-        card = {"id": cfg.model, "object": "model", "created": int(time.time()),
-                "owned_by": "llamacpp", "meta": meta}
-        return JSONResponse({"models": [{"name": cfg.model, "model": cfg.model}],
-                             "object": "list", "data": [card]})
+        meta = {
+            "vocab_type": 2,
+            "n_vocab": 131072,
+            "n_ctx_train": cfg.max_model_len,
+            "n_embd": 4096,
+            "n_params": 8030261248,
+            "size": 4920733696,
+        }
+        card = {
+            "id": cfg.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "llamacpp",
+            "meta": meta,
+        }
+        return JSONResponse(
+            {"models": [{"name": cfg.model, "model": cfg.model}], "object": "list", "data": [card]}
+        )
 
     return [
         Route("/health", llama(health, public=True), methods=["GET"]),
@@ -190,18 +233,32 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
 
 
 _LOADING = "Loading model"
-_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}<|assistant|>\n"
+_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}<|assistant|>\n"
+)
 
 
 def _params(n_predict: int) -> dict[str, Any]:
-    return {"n_predict": n_predict, "seed": 4294967295, "temperature": 0.8, "top_k": 40,
-            "top_p": 0.95, "min_p": 0.05, "stream": False, "cache_prompt": True}
+    return {
+        "n_predict": n_predict,
+        "seed": 4294967295,
+        "temperature": 0.8,
+        "top_k": 40,
+        "top_p": 0.95,
+        "min_p": 0.05,
+        "stream": False,
+        "cache_prompt": True,
+    }
 
 
 def slot_json(slot: Slot) -> dict[str, Any]:
     """One entry of llama.cpp's `/slots`."""
-    out: dict[str, Any] = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": False,
-                           "is_processing": slot.req is not None}
+    out: dict[str, Any] = {
+        "id": slot.id,
+        "n_ctx": slot.n_ctx,
+        "speculative": False,
+        "is_processing": slot.req is not None,
+    }
     if slot.id_task is None:
         return out
     req = slot.req
@@ -211,8 +268,15 @@ def slot_json(slot: Slot) -> dict[str, Any]:
         id_task=slot.id_task,
         n_prompt_tokens=slot.last_prompt_tokens,
         params=_params(slot.last_n_predict),
-        next_token=[{"has_next_token": req is not None, "has_new_line": False,
-                     "n_remain": remain, "n_decoded": decoded}],
-        prompt="", generated="",
+        next_token=[
+            {
+                "has_next_token": req is not None,
+                "has_new_line": False,
+                "n_remain": remain,
+                "n_decoded": decoded,
+            }
+        ],
+        prompt="",
+        generated="",
     )
     return out

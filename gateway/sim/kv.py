@@ -39,8 +39,11 @@ def block_hash(parent: int, tokens: Sequence[int]) -> int:
 
 
 def extend_hashes(
-    hashes: list[int], full_blocks: int, tokens: Callable[[int, int], Sequence[int]],
-    block_size: int, root: int,
+    hashes: list[int],
+    full_blocks: int,
+    tokens: Callable[[int, int], Sequence[int]],
+    block_size: int,
+    root: int,
 ) -> None:
     """Append hashes until `hashes` covers `full_blocks` blocks; `tokens(a, b)` gives ids a:b."""
     parent = hashes[-1] if hashes else root

@@ -23,22 +23,117 @@ from gateway.sim.config import SimConfig
 from gateway.sim.engine import Totals
 from gateway.sim.request import RequestRecord
 
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+_ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 _LABELS = ("model_name", "engine")
 _FINISH_REASONS = ("stop", "length", "abort")
 
 Snapshot = Callable[[], tuple[Totals, dict[str, Any]]]
 
+_DOCS = {
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:gpu_cache_usage_perc": "GPU KV-cache usage. 1 means 100 percent usage.",
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:generation_tokens": "Number of generation tokens processed.",
+    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+    "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+}
+#: (metric, key of the scheduler gauges)
+_GAUGES = (
+    ("vllm:num_requests_running", "running"),
+    ("vllm:num_requests_waiting", "waiting"),
+    ("vllm:kv_cache_usage_perc", "kv_usage"),
+    ("vllm:gpu_cache_usage_perc", "kv_usage"),
+)
+#: (metric, field of Totals)
+_COUNTERS = (
+    ("vllm:prefix_cache_queries", "prefix_queries_tokens"),
+    ("vllm:prefix_cache_hits", "prefix_hits_tokens"),
+    ("vllm:num_preemptions", "preemptions"),
+    ("vllm:prompt_tokens", "prompt_tokens"),
+    ("vllm:generation_tokens", "generation_tokens"),
+)
+
 
 class _VllmCollector(Collector):
     """Gauges and counters computed from the engine state on each scrape."""
 
-    def __init__(self, config: SimConfig, snapshot: Snapshot, finished: Callable[[], dict[str, int]]):
+    def __init__(
+        self, config: SimConfig, snapshot: Snapshot, finished: Callable[[], dict[str, int]]
+    ):
         self._config = config
         self._snapshot = snapshot
         self._finished = finished
@@ -46,17 +141,12 @@ class _VllmCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         totals, gauges = self._snapshot()
-        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.", gauges["running"])
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", gauges["waiting"])
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", gauges["kv_usage"])
-        if self._config.legacy_metrics:
-            yield self._gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", gauges["kv_usage"])
+        for name, key in _GAUGES:
+            if name != "vllm:gpu_cache_usage_perc" or self._config.legacy_metrics:
+                yield self._gauge(name, _DOCS[name], gauges[key])
         yield self._cache_config_info()
-        yield self._counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", totals.prefix_queries_tokens)
-        yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", totals.prefix_hits_tokens)
-        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", totals.preemptions)
-        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", totals.prompt_tokens)
-        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.", totals.generation_tokens)
+        for name, key in _COUNTERS:
+            yield self._counter(name, _DOCS[name], getattr(totals, key))
         yield self._request_success()
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -71,7 +161,8 @@ class _VllmCollector(Collector):
 
     def _request_success(self) -> CounterMetricFamily:
         family = CounterMetricFamily(
-            "vllm:request_success", "Count of successfully processed requests.",
+            "vllm:request_success",
+            "Count of successfully processed requests.",
             labels=(*_LABELS, "finished_reason"),
         )
         finished = self._finished()
@@ -90,7 +181,8 @@ class _VllmCollector(Collector):
             "num_gpu_blocks": str(cfg.num_gpu_blocks),
         }
         family = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
             labels=(*_LABELS, *info),
         )
         family.add_metric([*self._labels, *info.values()], 1.0)
@@ -109,13 +201,13 @@ class VllmMetrics:
     def _build(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_VllmCollector(self._config, self._snapshot, lambda: self._finished))
-        self._ttft = self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS)
-        self._e2e = self._histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _LATENCY_BUCKETS)
-        self._queue = self._histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", _LATENCY_BUCKETS)
-        self._itl = self._histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL_BUCKETS)
+        self._ttft = self._histogram("vllm:time_to_first_token_seconds", _TTFT_BUCKETS)
+        self._e2e = self._histogram("vllm:e2e_request_latency_seconds", _LATENCY_BUCKETS)
+        self._queue = self._histogram("vllm:request_queue_time_seconds", _LATENCY_BUCKETS)
+        self._itl = self._histogram("vllm:inter_token_latency_seconds", _ITL_BUCKETS)
 
-    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
-        hist = Histogram(name, doc, _LABELS, buckets=buckets, registry=self.registry)
+    def _histogram(self, name: str, buckets: tuple[float, ...]) -> Any:
+        hist = Histogram(name, _DOCS[name], _LABELS, buckets=buckets, registry=self.registry)
         return hist.labels(self._config.model, "0")
 
     def reset(self) -> None:
@@ -143,28 +235,44 @@ class VllmMetrics:
             self._queue.observe(record.scheduled - record.arrival)
 
 
+_LLAMA_DOCS = {
+    "prompt_tokens_total": "Number of prompt tokens processed.",
+    "prompt_seconds_total": "Prompt process time",
+    "tokens_predicted_total": "Number of generation tokens processed.",
+    "tokens_predicted_seconds_total": "Predict process time",
+    "n_decode_total": "Total number of llama_decode() calls",
+    "n_busy_slots_per_decode": "Average number of busy slots per llama_decode() call",
+    "prompt_tokens_seconds": "Average prompt throughput in tokens/s.",
+    "predicted_tokens_seconds": "Average generation throughput in tokens/s.",
+    "requests_processing": "Number of requests processing.",
+    "requests_deferred": "Number of requests deferred.",
+}
+
+
 def llamacpp_metrics_text(totals: Totals, gauges: dict[str, Any]) -> str:
     """`/metrics` of llama-server (times in simulated seconds)."""
     decodes = totals.steps
     prompt_tps = totals.prompt_tokens_processed / totals.prompt_time if totals.prompt_time else 0.0
     gen_tps = totals.generation_tokens / totals.generation_time if totals.generation_time else 0.0
     defs = [
-        ("counter", "prompt_tokens_total", "Number of prompt tokens processed.", totals.prompt_tokens_processed),
-        ("counter", "prompt_seconds_total", "Prompt process time", totals.prompt_time),
-        ("counter", "tokens_predicted_total", "Number of generation tokens processed.", totals.generation_tokens),
-        ("counter", "tokens_predicted_seconds_total", "Predict process time", totals.generation_time),
-        ("counter", "n_decode_total", "Total number of llama_decode() calls", decodes),
-        ("counter", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-         totals.busy_slots_total / max(decodes, 1)),
-        ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s.", prompt_tps),
-        ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s.", gen_tps),
-        ("gauge", "requests_processing", "Number of requests processing.", gauges["running"]),
-        ("gauge", "requests_deferred", "Number of requests deferred.", gauges["deferred"]),
+        ("counter", "prompt_tokens_total", totals.prompt_tokens_processed),
+        ("counter", "prompt_seconds_total", totals.prompt_time),
+        ("counter", "tokens_predicted_total", totals.generation_tokens),
+        ("counter", "tokens_predicted_seconds_total", totals.generation_time),
+        ("counter", "n_decode_total", decodes),
+        ("counter", "n_busy_slots_per_decode", totals.busy_slots_total / max(decodes, 1)),
+        ("gauge", "prompt_tokens_seconds", prompt_tps),
+        ("gauge", "predicted_tokens_seconds", gen_tps),
+        ("gauge", "requests_processing", gauges["running"]),
+        ("gauge", "requests_deferred", gauges["deferred"]),
     ]
     lines: list[str] = []
-    for kind, name, doc, value in defs:
-        lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}",
-                  f"llamacpp:{name} {_number(value)}"]
+    for kind, name, value in defs:
+        lines += [
+            f"# HELP llamacpp:{name} {_LLAMA_DOCS[name]}",
+            f"# TYPE llamacpp:{name} {kind}",
+            f"llamacpp:{name} {_number(value)}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -12,8 +12,9 @@ else `max_completion_tokens`, else `max_tokens` (-1 = unlimited). A cap over
 the remaining context is clamped (vLLM >= 0.32) or refused with
 `reject_overlong_output` (older vLLM).
 
-Approximation: an `id_slot` outside the slot range is a 400 here; the real
-server leaves such a task deferred.
+Approximations: an `id_slot` outside the slot range is a 400 here (the real
+server leaves such a task deferred); `n` > 1 is refused with a 400 (both
+engines support it); stop strings, tools and sampling fields are ignored.
 """
 
 from __future__ import annotations
@@ -27,14 +28,32 @@ from gateway.sim.tokens import render_chat, tokenize
 
 Endpoint = Literal["chat", "completion", "native"]
 
-_VLLM_TYPES = {400: "BadRequestError", 401: "Unauthorized", 404: "NotFoundError",
-               429: "TooManyRequestsError", 500: "InternalServerError",
-               503: "ServiceUnavailableError"}
-_LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 500: "server_error",
-                501: "not_supported_error", 503: "unavailable_error"}
-RECORDED_FIELDS = ("model", "max_tokens", "max_completion_tokens", "n_predict", "cache_salt",
-                   "id_slot", "priority")
+_VLLM_TYPES = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    404: "NotFoundError",
+    429: "TooManyRequestsError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+_LLAMA_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+RECORDED_FIELDS = (
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "n_predict",
+    "cache_salt",
+    "id_slot",
+    "priority",
+)
 
 
 class SimHTTPError(Exception):
@@ -46,8 +65,9 @@ class SimHTTPError(Exception):
         self.body = body
 
 
-def error_body(flavor: str, status: int, message: str, type_: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
+def error_body(
+    flavor: str, status: int, message: str, type_: str | None = None, param: str | None = None
+) -> dict[str, Any]:
     if flavor == "vllm":
         kind = type_ or _VLLM_TYPES.get(status, "InternalServerError")
         return {"error": {"message": message, "type": kind, "param": param, "code": status}}
@@ -55,8 +75,9 @@ def error_body(flavor: str, status: int, message: str, type_: str | None = None,
     return {"error": {"code": status, "message": message, "type": kind}}
 
 
-def error(config: SimConfig, status: int, message: str, type_: str | None = None,
-          param: str | None = None) -> SimHTTPError:
+def error(
+    config: SimConfig, status: int, message: str, type_: str | None = None, param: str | None = None
+) -> SimHTTPError:
     return SimHTTPError(status, error_body(config.flavor, status, message, type_, param))
 
 
@@ -91,16 +112,23 @@ def decode_body(config: SimConfig, raw: bytes) -> dict[str, Any]:
 
 def parse_job(config: SimConfig, endpoint: Endpoint, body: dict[str, Any]) -> Job:
     model = _model(config, body)
+    if _typed(config, body, "n", int, 1) != 1:
+        raise error(config, 400, "the simulator supports only n = 1", param="n")
     prompt = _prompt(config, endpoint, body)
     stream = _typed(config, body, "stream", bool, False)
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     job = Job(
-        endpoint=endpoint, prompt=prompt, model=model, stream=stream,
-        include_usage=include_usage, cap=_cap(config, body),
+        endpoint=endpoint,
+        prompt=prompt,
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        cap=_cap(config, body),
         min_tokens=_typed(config, body, "min_tokens", int, 0),
         ignore_eos=_typed(config, body, "ignore_eos", bool, False),
-        priority=_priority(config, body), cache_salt=_cache_salt(config, body),
+        priority=_priority(config, body),
+        cache_salt=_cache_salt(config, body),
         id_slot=_id_slot(config, body),
         cache_prompt=_typed(config, body, "cache_prompt", bool, True),
         recorded={k: body.get(k) for k in RECORDED_FIELDS},
@@ -171,16 +199,21 @@ def _cap(config: SimConfig, body: dict[str, Any]) -> int | None:
 def _priority(config: SimConfig, body: dict[str, Any]) -> int:
     priority = int(_typed(config, body, "priority", int, 0))
     if config.flavor == "vllm" and priority != 0 and config.scheduling_policy != "priority":
-        raise error(config, 400, "Got priority != 0 but priority scheduling is not enabled.",
-                    param="priority")
+        raise error(
+            config,
+            400,
+            "Got priority != 0 but priority scheduling is not enabled.",
+            param="priority",
+        )
     return priority
 
 
 def _cache_salt(config: SimConfig, body: dict[str, Any]) -> str | None:
     salt = _typed(config, body, "cache_salt", str, None)
     if salt is not None and not salt:
-        raise error(config, 400, "Parameter 'cache_salt' must be a non-empty string.",
-                    param="cache_salt")
+        raise error(
+            config, 400, "Parameter 'cache_salt' must be a non-empty string.", param="cache_salt"
+        )
     return None if salt is None else str(salt)
 
 
@@ -200,16 +233,24 @@ def _check_context(config: SimConfig, job: Job) -> None:
         return
     n, limit = len(job.prompt), config.max_model_len
     if n >= limit:
-        raise error(config, 400, (
-            f"This model's maximum context length is {limit} tokens. However, your prompt "
-            f"contains {n} input tokens. Please reduce the length of the input prompt."
-        ))
+        raise error(
+            config,
+            400,
+            (
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains {n} input tokens. Please reduce the length of the input prompt."
+            ),
+        )
     if config.reject_overlong_output and job.cap is not None and n + job.cap > limit:
-        raise error(config, 400, (
-            f"'max_tokens' or 'max_completion_tokens' is too large: {job.cap}. This model's "
-            f"maximum context length is {limit} tokens and your request has {n} input tokens "
-            f"({job.cap} > {limit} - {n})."
-        ))
+        raise error(
+            config,
+            400,
+            (
+                f"'max_tokens' or 'max_completion_tokens' is too large: {job.cap}. This model's "
+                f"maximum context length is {limit} tokens and your request has {n} input tokens "
+                f"({job.cap} > {limit} - {n})."
+            ),
+        )
 
 
 def context_room(config: SimConfig, prompt_len: int) -> int:

@@ -66,12 +66,15 @@ class SlotScheduler:
         self.core = core
         self.slots = [Slot(i, config.slot_ctx) for i in range(config.parallel)]
         self.deferred: deque[SimRequest] = deque()
+        #: Arrivals since the last step: flagged `deferred` if no slot took them.
+        self._fresh: list[SimRequest] = []
         self._tick = itertools.count(1)
         self._task_ids = itertools.count()
 
     # --- Scheduler protocol ----------------------------------------------------
     def add(self, req: SimRequest) -> None:
         self.deferred.append(req)
+        self._fresh.append(req)
 
     def remove(self, req: SimRequest) -> None:
         if req.state is State.RUNNING and req.slot is not None:
@@ -133,19 +136,27 @@ class SlotScheduler:
 
     # --- slot choice -------------------------------------------------------------
     def _assign_deferred(self) -> None:
-        for req in list(self.deferred):
+        """Give idle slots to queued tasks, in order; stops when no slot is idle."""
+        idle = sum(1 for s in self.slots if s.req is None)
+        i = 0
+        while idle and i < len(self.deferred):
+            req = self.deferred[i]
             slot = self._pick(req)
             if slot is None:
-                self._note_deferred(req)
+                i += 1  # pinned to a busy slot
                 continue
+            del self.deferred[i]
             if len(req.prompt) >= slot.n_ctx:
-                self.deferred.remove(req)
                 self._fail_context(req, slot)
-                continue
-            if not self._start(req, slot):
-                self._note_deferred(req)
+            elif self._start(req, slot):
+                idle -= 1
+            else:
+                self.deferred.insert(i, req)
                 break  # unified pool full: keep the queue order
-            self.deferred.remove(req)
+        for req in self._fresh:
+            if req.state is State.WAITING:
+                self._note_deferred(req)
+        self._fresh.clear()
 
     def _note_deferred(self, req: SimRequest) -> None:
         if not req.record.deferred:

@@ -37,7 +37,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: fl
 
 
 def totals(cluster: SimCluster, i: int = 0) -> dict[str, Any]:
-    return cluster.stats(i)["totals"]  # type: ignore[no-any-return]
+    return cluster.stats(i, records=False)["totals"]  # type: ignore[no-any-return]
 
 
 def queued(cluster: SimCluster, n: int, i: int = 0) -> Callable[[], bool]:
@@ -51,7 +51,7 @@ def records(cluster: SimCluster, i: int = 0) -> list[dict[str, Any]]:
 
 def sse_data(lines: Iterable[str]) -> list[str]:
     """The `data:` payloads of an SSE body, in order."""
-    return [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
 
 
 def sse_json(lines: Iterable[str]) -> list[dict[str, Any]]:
@@ -63,7 +63,9 @@ def raw_request(url: str, path: str, body: dict[str, Any]) -> socket.socket:
     parts = urlsplit(url)
     payload = json.dumps(body).encode()
     sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=5)
-    head = (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
     sock.sendall(head + payload)
     return sock

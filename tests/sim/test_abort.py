@@ -56,12 +56,14 @@ def test_vllm_abort_while_waiting_and_non_streaming(make_cluster: ClusterFactory
     assert t["aborts"] == 2 and t["running"] == 0 and t["kv_blocks_pinned"] == 0
 
 
-def test_llamacpp_abort_mid_stream_at_next_write(make_cluster: ClusterFactory,
-                                                 client: httpx.Client) -> None:
+def test_llamacpp_abort_mid_stream_at_next_write(
+    make_cluster: ClusterFactory, client: httpx.Client
+) -> None:
     cluster = make_cluster(flavor="llamacpp", speed=20.0, disconnect_poll_s=100.0)
     url = cluster.urls[0]
-    _stream_then_close(url + "/v1/chat/completions",
-                       chat("hi", max_tokens=5000, ignore_eos=True, stream=True), 4)
+    _stream_then_close(
+        url + "/v1/chat/completions", chat("hi", max_tokens=5000, ignore_eos=True, stream=True), 4
+    )
     wait_until(lambda: _aborted(cluster, 0))
     rec = records(cluster)[0]
     assert rec["abort_time"] - rec["disconnect_time"] < 1.0  # a write, not the 100 s poll

@@ -25,13 +25,34 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_every_knob_is_an_option() -> None:
-    args = _parse("--flavor", "llamacpp", "--ctx-size", "8192", "--parallel", "2",
-                  "--kv-unified", "--no-metrics", "--speed", "10", "--api-key", "k",
-                  "--max-num-queued-reqs", "5", "--replicas", "3", "--port", "9000")
+    args = _parse(
+        "--flavor",
+        "llamacpp",
+        "--ctx-size",
+        "8192",
+        "--parallel",
+        "2",
+        "--kv-unified",
+        "--no-metrics",
+        "--speed",
+        "10",
+        "--api-key",
+        "k",
+        "--max-num-queued-reqs",
+        "5",
+        "--replicas",
+        "3",
+        "--port",
+        "9000",
+    )
     cfg = config_from_args(args)
     assert (cfg.flavor, cfg.kv_tokens, cfg.parallel, cfg.unified_kv) == ("llamacpp", 8192, 2, True)
     assert (cfg.metrics_enabled, cfg.speed, cfg.api_key, cfg.max_num_queued_reqs) == (
-        False, 10.0, "k", 5)
+        False,
+        10.0,
+        "k",
+        5,
+    )
     assert (args.replicas, args.port, args.host) == (3, 9000, "127.0.0.1")
     assert config_from_args(_parse()) == config_from_args(_parse("--flavor", "vllm"))
 
@@ -51,8 +72,19 @@ def _healthy(url: str) -> bool:
 
 def test_module_serves_consecutive_ports() -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "gateway.sim", "--replicas", "2", "--port", str(port),
-           "--flavor", "llamacpp", "--speed", "50"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.sim",
+        "--replicas",
+        "2",
+        "--port",
+        str(port),
+        "--flavor",
+        "llamacpp",
+        "--speed",
+        "50",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         urls = [f"http://127.0.0.1:{port + i}" for i in range(2)]

@@ -15,17 +15,21 @@ from tests.sim.conftest import ClusterFactory
 from tests.sim.helpers import chat, sse_data, sse_json, wait_until
 
 LLAMA_METRICS = {
-    "llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
-    "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds",
-    "llamacpp:requests_processing", "llamacpp:requests_deferred",
+    "llamacpp:prompt_tokens_total",
+    "llamacpp:tokens_predicted_total",
+    "llamacpp:prompt_tokens_seconds",
+    "llamacpp:predicted_tokens_seconds",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
     "llamacpp:n_busy_slots_per_decode",
 }
 
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator[SimCluster]:
-    with SimCluster.start(1, flavor="llamacpp", speed=200.0, kv_tokens=16384,
-                          parallel=4) as cluster:
+    with SimCluster.start(
+        1, flavor="llamacpp", speed=200.0, kv_tokens=16384, parallel=4
+    ) as cluster:
         yield cluster
 
 
@@ -55,19 +59,24 @@ def test_slots_and_props(client: httpx.Client, url: str) -> None:
     assert props["default_generation_settings"]["n_ctx"] == 4096
 
 
-def test_unified_kv_gives_each_slot_the_whole_context(make_cluster: ClusterFactory,
-                                                      client: httpx.Client) -> None:
+def test_unified_kv_gives_each_slot_the_whole_context(
+    make_cluster: ClusterFactory, client: httpx.Client
+) -> None:
     u = make_cluster(flavor="llamacpp", kv_tokens=8192, parallel=4, unified_kv=True).urls[0]
     assert {s["n_ctx"] for s in client.get(u + "/slots").json()} == {8192}
 
 
 def test_tokenize_and_apply_template(client: httpx.Client, url: str) -> None:
-    assert len(client.post(url + "/tokenize", json={"content": "hello world"}).json()["tokens"]) == 4
-    pieces = client.post(url + "/tokenize", json={"content": "hello world",
-                                                  "with_pieces": True}).json()["tokens"]
+    assert (
+        len(client.post(url + "/tokenize", json={"content": "hello world"}).json()["tokens"]) == 4
+    )
+    pieces = client.post(
+        url + "/tokenize", json={"content": "hello world", "with_pieces": True}
+    ).json()["tokens"]
     assert [p["piece"] for p in pieces] == ["hell", "o", " wor", "ld"]
-    prompt = client.post(url + "/apply-template",
-                         json={"messages": [{"role": "user", "content": "hi"}]}).json()["prompt"]
+    prompt = client.post(
+        url + "/apply-template", json={"messages": [{"role": "user", "content": "hi"}]}
+    ).json()["prompt"]
     assert prompt == "<|user|>\nhi<|end|>\n<|assistant|>\n"
     n = len(client.post(url + "/tokenize", json={"content": prompt}).json()["tokens"])
     body = client.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=1)).json()
@@ -84,8 +93,9 @@ def test_chat_non_streaming_shape_with_timings(client: httpx.Client, url: str) -
 
 
 def test_chat_stream_shape(client: httpx.Client, url: str) -> None:
-    req = chat("hello", max_tokens=3, ignore_eos=True, stream=True,
-               stream_options={"include_usage": True})
+    req = chat(
+        "hello", max_tokens=3, ignore_eos=True, stream=True, stream_options={"include_usage": True}
+    )
     with client.stream("POST", url + "/v1/chat/completions", json=req) as r:
         assert r.status_code == 200
         lines = list(r.iter_lines())
@@ -114,12 +124,19 @@ def test_native_completion_stream_has_no_done(client: httpx.Client, url: str) ->
 
 def test_openai_sdk(url: str) -> None:
     with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=10.0) as oai:
-        resp = oai.chat.completions.create(model="anything", max_tokens=4,
-                                           messages=[{"role": "user", "content": "hi"}],
-                                           extra_body={"ignore_eos": True})
+        resp = oai.chat.completions.create(
+            model="anything",
+            max_tokens=4,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"ignore_eos": True},
+        )
         assert resp.usage is not None and resp.usage.completion_tokens == 4
-        stream = oai.chat.completions.create(model="anything", max_tokens=2, stream=True,
-                                             messages=[{"role": "user", "content": "hi"}])
+        stream = oai.chat.completions.create(
+            model="anything",
+            max_tokens=2,
+            stream=True,
+            messages=[{"role": "user", "content": "hi"}],
+        )
         chunks = list(stream)
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
@@ -157,8 +174,9 @@ def test_warmup_answers_loading(make_cluster: ClusterFactory, client: httpx.Clie
     u = make_cluster(flavor="llamacpp", warmup_s=20.0, speed=100.0).urls[0]
     r = client.get(u + "/health")
     assert r.status_code == 503
-    assert r.json() == {"error": {"code": 503, "message": "Loading model",
-                                  "type": "unavailable_error"}}
+    assert r.json() == {
+        "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}
+    }
     assert client.post(u + "/v1/chat/completions", json=chat("hi")).status_code == 503
     wait_until(lambda: client.get(u + "/health").status_code == 200, timeout=3.0)
 

@@ -14,19 +14,28 @@ from tests.sim.conftest import ClusterFactory
 from tests.sim.helpers import TIMEOUT, chat, sse_data, sse_json, totals
 
 VLLM_METRICS = {
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-    "vllm:cache_config_info", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
-    "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens",
-    "vllm:request_success", "vllm:time_to_first_token_seconds",
-    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:cache_config_info",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:num_preemptions",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:request_success",
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
     "vllm:inter_token_latency_seconds",
 }
 
 
 @pytest.fixture(scope="module")
 def vllm() -> Iterator[SimCluster]:
-    with SimCluster.start(1, flavor="vllm", speed=200.0, max_model_len=4096,
-                          kv_tokens=65536) as cluster:
+    with SimCluster.start(
+        1, flavor="vllm", speed=200.0, max_model_len=4096, kv_tokens=65536
+    ) as cluster:
         yield cluster
 
 
@@ -54,8 +63,11 @@ def test_tokenize_prompt_and_messages(client: httpx.Client, url: str) -> None:
     r = client.post(url + "/tokenize", json={"model": "sim-model", "prompt": "hello world"}).json()
     assert r["count"] == 4 == len(r["tokens"])
     assert r["max_model_len"] == 4096
-    msgs = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
-            "add_generation_prompt": True}
+    msgs = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "add_generation_prompt": True,
+    }
     r2 = client.post(url + "/tokenize", json=msgs).json()
     assert r2["count"] == len(r2["tokens"]) > 4
 
@@ -79,8 +91,9 @@ def test_chat_non_streaming_shape(client: httpx.Client, url: str) -> None:
 
 
 def test_chat_stream_shape(client: httpx.Client, url: str) -> None:
-    body = chat("hello", max_tokens=4, ignore_eos=True, stream=True,
-                stream_options={"include_usage": True})
+    body = chat(
+        "hello", max_tokens=4, ignore_eos=True, stream=True, stream_options={"include_usage": True}
+    )
     with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -99,8 +112,10 @@ def test_chat_stream_shape(client: httpx.Client, url: str) -> None:
 
 
 def test_completions_stream_and_body(client: httpx.Client, url: str) -> None:
-    r = client.post(url + "/v1/completions", json={"model": "sim-model", "prompt": "once upon",
-                                                    "max_tokens": 3, "ignore_eos": True})
+    r = client.post(
+        url + "/v1/completions",
+        json={"model": "sim-model", "prompt": "once upon", "max_tokens": 3, "ignore_eos": True},
+    )
     body = r.json()
     assert body["object"] == "text_completion"
     assert body["id"].startswith("cmpl-")
@@ -114,16 +129,22 @@ def test_completions_stream_and_body(client: httpx.Client, url: str) -> None:
 
 
 def test_openai_sdk_non_streaming_and_streaming(url: str) -> None:
-    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                       timeout=10.0) as oai:
+    with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=10.0) as oai:
         resp = oai.chat.completions.create(
-            model="sim-model", messages=[{"role": "user", "content": "hi"}],
-            max_completion_tokens=6, extra_body={"ignore_eos": True})
+            model="sim-model",
+            messages=[{"role": "user", "content": "hi"}],
+            max_completion_tokens=6,
+            extra_body={"ignore_eos": True},
+        )
         assert resp.usage is not None and resp.usage.completion_tokens == 6
         assert resp.choices[0].finish_reason == "length"
         stream = oai.chat.completions.create(
-            model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-            stream=True, stream_options={"include_usage": True})
+            model="sim-model",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[-1].usage is not None
@@ -143,8 +164,11 @@ def test_metrics_names_and_parse(client: httpx.Client, url: str) -> None:
         for sample in families[name].samples:
             assert sample.labels["model_name"] == "sim-model"
             assert sample.labels["engine"] == "0"
-    success = {s.labels["finished_reason"]: s.value
-               for s in families["vllm:request_success"].samples if s.name.endswith("_total")}
+    success = {
+        s.labels["finished_reason"]: s.value
+        for s in families["vllm:request_success"].samples
+        if s.name.endswith("_total")
+    }
     assert sum(success.values()) == 1
     assert "vllm:generation_tokens_total" in text
 
@@ -165,8 +189,9 @@ def test_prompt_over_max_model_len_is_400(client: httpx.Client, url: str) -> Non
     assert "maximum context length is 4096 tokens" in err["message"]
 
 
-def test_overlong_output_is_clamped_or_refused(make_cluster: ClusterFactory,
-                                                client: httpx.Client, url: str) -> None:
+def test_overlong_output_is_clamped_or_refused(
+    make_cluster: ClusterFactory, client: httpx.Client, url: str
+) -> None:
     ok = client.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=100000))
     assert ok.status_code == 200
     strict = make_cluster(flavor="vllm", max_model_len=4096, reject_overlong_output=True)
@@ -179,8 +204,11 @@ def test_unknown_model_and_bad_fields(client: httpx.Client, url: str) -> None:
     r = client.post(url + "/v1/chat/completions", json={**chat("hi"), "model": "other"})
     assert r.status_code == 404
     assert r.json()["error"]["code"] == 404
-    assert client.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=0)).status_code == 400
+    assert (
+        client.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=0)).status_code == 400
+    )
     assert client.post(url + "/v1/chat/completions", content=b"{nope").status_code == 400
+    assert client.post(url + "/v1/chat/completions", json=chat("hi", n=2)).status_code == 400
     assert client.post(url + "/v1/chat/completions", json=chat("hi", priority=3)).status_code == 400
 
 
@@ -193,8 +221,11 @@ def test_api_key_protects_only_v1(make_cluster: ClusterFactory, client: httpx.Cl
     assert client.get(u + "/health").status_code == 200
     assert client.get(u + "/metrics").status_code == 200
     assert client.post(u + "/tokenize", json={"prompt": "x"}).status_code == 200
-    good = client.post(u + "/v1/chat/completions", json=chat("hi", max_tokens=1),
-                       headers={"Authorization": "Bearer sekret"})
+    good = client.post(
+        u + "/v1/chat/completions",
+        json=chat("hi", max_tokens=1),
+        headers={"Authorization": "Bearer sekret"},
+    )
     assert good.status_code == 200
 
 
@@ -202,8 +233,10 @@ def test_queue_bound_answers_503_busy(make_cluster: ClusterFactory, client: http
     cluster = make_cluster(flavor="vllm", max_num_queued_reqs=1)
     cluster.set_fault(0, paused=True)
     u = cluster.urls[0]
-    with httpx.Client(timeout=TIMEOUT) as other, other.stream(
-            "POST", u + "/v1/chat/completions", json=chat("a", max_tokens=1, stream=True)):
+    with (
+        httpx.Client(timeout=TIMEOUT) as other,
+        other.stream("POST", u + "/v1/chat/completions", json=chat("a", max_tokens=1, stream=True)),
+    ):
         r = client.post(u + "/v1/chat/completions", json=chat("b", max_tokens=1))
         assert r.status_code == 503
         assert "engine is currently busy" in r.json()["error"]["message"]

@@ -10,9 +10,20 @@ import httpx
 from gateway.sim import SimCluster
 from tests.sim.helpers import TIMEOUT, chat, long_text, queued, totals, wait_until
 
-DETERMINISTIC = ("requests", "finished", "preemptions", "deferrals", "aborts",
-                 "prefix_queries_tokens", "prefix_hits_tokens", "prompt_tokens",
-                 "prompt_tokens_processed", "generation_tokens", "steps", "busy_time")
+DETERMINISTIC = (
+    "requests",
+    "finished",
+    "preemptions",
+    "deferrals",
+    "aborts",
+    "prefix_queries_tokens",
+    "prefix_hits_tokens",
+    "prompt_tokens",
+    "prompt_tokens_processed",
+    "generation_tokens",
+    "steps",
+    "busy_time",
+)
 
 
 def _workload() -> list[dict[str, Any]]:
@@ -42,8 +53,13 @@ def _run(seed: int, **overrides: Any) -> dict[str, Any]:
 
 
 def test_vllm_same_seed_same_totals() -> None:
-    kw = {"flavor": "vllm", "kv_tokens": 2048, "max_model_len": 1024, "max_num_batched_tokens": 512,
-          "output_len_max": 96}
+    kw = {
+        "flavor": "vllm",
+        "kv_tokens": 2048,
+        "max_model_len": 1024,
+        "max_num_batched_tokens": 512,
+        "output_len_max": 96,
+    }
     first, second = _run(7, **kw), _run(7, **kw)
     assert first == second
     assert first["preemptions"] > 0 and first["prefix_hits_tokens"] > 0

@@ -36,8 +36,9 @@ def test_error_fault_with_count(make_cluster: ClusterFactory, client: httpx.Clie
     for _ in range(2):
         r = client.post(u, json=chat("hi", max_tokens=1))
         assert r.status_code == 500
-        assert r.json() == {"error": {"message": "boom", "type": "InternalServerError",
-                                      "param": None, "code": 500}}
+        assert r.json() == {
+            "error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}
+        }
     assert client.post(u, json=chat("hi", max_tokens=1)).status_code == 200
     recs = records(cluster)
     assert [r["finish_reason"] for r in recs] == ["error", "error", "length"]
@@ -96,9 +97,14 @@ def test_pause_holds_requests(make_cluster: ClusterFactory) -> None:
     cluster = make_cluster(flavor="vllm")
     cluster.set_fault(0, paused=True)
     assert cluster.stats(0)["paused"] is True
-    with httpx.Client(timeout=TIMEOUT) as c, c.stream(
-            "POST", cluster.urls[0] + "/v1/chat/completions",
-            json=chat("hi", max_tokens=2, stream=True)) as r:
+    with (
+        httpx.Client(timeout=TIMEOUT) as c,
+        c.stream(
+            "POST",
+            cluster.urls[0] + "/v1/chat/completions",
+            json=chat("hi", max_tokens=2, stream=True),
+        ) as r,
+    ):
         wait_until(lambda: totals(cluster)["waiting"] == 1)
         cluster.set_fault(0, paused=False)
         assert sum(1 for line in r.iter_lines() if line.startswith("data: ")) >= 3

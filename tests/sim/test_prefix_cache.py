@@ -19,8 +19,9 @@ def _cached(r: httpx.Response) -> int:
     return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
-def test_shared_prefix_hits_and_is_faster_vllm(make_cluster: ClusterFactory,
-                                               client: httpx.Client) -> None:
+def test_shared_prefix_hits_and_is_faster_vllm(
+    make_cluster: ClusterFactory, client: httpx.Client
+) -> None:
     cluster = make_cluster(flavor="vllm", speed=10.0)
     u = cluster.urls[0] + "/v1/chat/completions"
     prefix = long_text(2500)
@@ -47,12 +48,14 @@ def test_cache_salt_isolates(make_cluster: ClusterFactory, client: httpx.Client)
     assert _cached(client.post(u, json=chat(prompt, max_tokens=1))) > 0
 
 
-def test_generated_tokens_are_cached_for_the_next_turn(make_cluster: ClusterFactory,
-                                                       client: httpx.Client) -> None:
+def test_generated_tokens_are_cached_for_the_next_turn(
+    make_cluster: ClusterFactory, client: httpx.Client
+) -> None:
     u = make_cluster(flavor="vllm").urls[0] + "/v1/chat/completions"
     history = [{"role": "user", "content": long_text(100)}]
-    first = client.post(u, json={"model": "sim-model", "messages": history, "max_tokens": 64,
-                                 "ignore_eos": True}).json()
+    first = client.post(
+        u, json={"model": "sim-model", "messages": history, "max_tokens": 64, "ignore_eos": True}
+    ).json()
     answer = first["choices"][0]["message"]["content"]
     history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
     second = client.post(u, json={"model": "sim-model", "messages": history, "max_tokens": 1})
@@ -72,8 +75,7 @@ def test_cache_reset_and_disabled(make_cluster: ClusterFactory, client: httpx.Cl
     assert _cached(client.post(off, json=chat(prompt, max_tokens=1))) == 0
 
 
-def test_llamacpp_slot_keeps_its_prompt(make_cluster: ClusterFactory,
-                                        client: httpx.Client) -> None:
+def test_llamacpp_slot_keeps_its_prompt(make_cluster: ClusterFactory, client: httpx.Client) -> None:
     cluster = make_cluster(flavor="llamacpp", kv_tokens=32768, parallel=4, speed=20.0)
     u = cluster.urls[0] + "/v1/chat/completions"
     a, b = long_text(800, "a"), long_text(800, "b")

@@ -25,8 +25,9 @@ def _metric(client: httpx.Client, url: str, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
-def test_vllm_preempts_when_blocks_run_out(make_cluster: ClusterFactory,
-                                           client: httpx.Client) -> None:
+def test_vllm_preempts_when_blocks_run_out(
+    make_cluster: ClusterFactory, client: httpx.Client
+) -> None:
     cluster = make_cluster(flavor="vllm", kv_tokens=2048, max_model_len=1024, speed=200.0)
     bodies = [chat(long_text(60, f"u{i}"), max_tokens=300, ignore_eos=True) for i in range(8)]
     responses = asyncio.run(_fire(cluster.urls[0] + "/v1/chat/completions", bodies))
@@ -37,7 +38,10 @@ def test_vllm_preempts_when_blocks_run_out(make_cluster: ClusterFactory,
     assert t["kv_blocks_pinned"] == 0 and t["running"] == 0
     assert sum(r["preemptions"] for r in records(cluster)) == t["preemptions"]
     text = client.get(cluster.urls[0] + "/metrics").text
-    assert f'vllm:num_preemptions_total{{engine="0",model_name="sim-model"}} {t["preemptions"]}.0' in text
+    assert (
+        f'vllm:num_preemptions_total{{engine="0",model_name="sim-model"}} {t["preemptions"]}.0'
+        in text
+    )
 
 
 def test_vllm_respects_max_num_seqs(make_cluster: ClusterFactory, client: httpx.Client) -> None:
@@ -52,8 +56,12 @@ def test_vllm_respects_max_num_seqs(make_cluster: ClusterFactory, client: httpx.
             if task.done():
                 break
             await asyncio.sleep(0.005)
-            seen.append((_metric(client, u, "vllm:num_requests_running"),
-                         _metric(client, u, "vllm:num_requests_waiting")))
+            seen.append(
+                (
+                    _metric(client, u, "vllm:num_requests_running"),
+                    _metric(client, u, "vllm:num_requests_waiting"),
+                )
+            )
         return await task
 
     asyncio.run(run())
@@ -61,8 +69,9 @@ def test_vllm_respects_max_num_seqs(make_cluster: ClusterFactory, client: httpx.
     assert max(w for _, w in seen) >= 1
 
 
-def test_llamacpp_defers_when_all_slots_busy(make_cluster: ClusterFactory,
-                                             client: httpx.Client) -> None:
+def test_llamacpp_defers_when_all_slots_busy(
+    make_cluster: ClusterFactory, client: httpx.Client
+) -> None:
     cluster = make_cluster(flavor="llamacpp", kv_tokens=8192, parallel=2, speed=50.0)
     u = cluster.urls[0]
     bodies = [chat(f"q{i}", max_tokens=200, ignore_eos=True) for i in range(5)]
@@ -95,8 +104,9 @@ def test_llamacpp_pinned_slot_defers_even_with_idle_slots(make_cluster: ClusterF
     assert totals(cluster)["deferrals"] == 2
 
 
-def test_llamacpp_unified_pool_evicts_idle_caches(make_cluster: ClusterFactory,
-                                                  client: httpx.Client) -> None:
+def test_llamacpp_unified_pool_evicts_idle_caches(
+    make_cluster: ClusterFactory, client: httpx.Client
+) -> None:
     cluster = make_cluster(flavor="llamacpp", kv_tokens=2048, parallel=2, unified_kv=True)
     u = cluster.urls[0] + "/v1/chat/completions"
     for i in range(3):

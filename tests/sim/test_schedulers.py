@@ -17,10 +17,25 @@ _ids = itertools.count()
 
 def _req(prompt: list[int], out: int, arrival: float = 0.0, **kw: Any) -> SimRequest:
     rid = f"r{next(_ids)}"
-    rec = RequestRecord(id=rid, x_request_id=None, endpoint="/t", arrival=arrival,
-                        arrival_wall=0.0, headers_seen={}, body={}, prompt_tokens=len(prompt))
-    return SimRequest(rid=rid, prompt=prompt, max_output=out, natural_len=1 << 40,
-                      output=OutputText(0, len(prompt), 1, 1), record=rec, **kw)
+    rec = RequestRecord(
+        id=rid,
+        x_request_id=None,
+        endpoint="/t",
+        arrival=arrival,
+        arrival_wall=0.0,
+        headers_seen={},
+        body={},
+        prompt_tokens=len(prompt),
+    )
+    return SimRequest(
+        rid=rid,
+        prompt=prompt,
+        max_output=out,
+        natural_len=1 << 40,
+        output=OutputText(0, len(prompt), 1, 1),
+        record=rec,
+        **kw,
+    )
 
 
 def _run(sched: BatchScheduler | SlotScheduler, steps: int = 10_000) -> list[list[Work]]:

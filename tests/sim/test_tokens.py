@@ -40,9 +40,13 @@ def test_generated_words_are_one_token_each() -> None:
 
 
 def test_render_chat() -> None:
-    msgs = [{"role": "system", "content": "s"},
-            {"role": "user", "content": [{"type": "text", "text": "a"},
-                                         {"type": "image_url", "image_url": {}}]}]
+    msgs = [
+        {"role": "system", "content": "s"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}],
+        },
+    ]
     assert render_chat(msgs) == "<|system|>\ns<|end|>\n<|user|>\na<|end|>\n<|assistant|>\n"
     assert render_chat(msgs, add_generation_prompt=False).endswith("<|end|>\n")
     assert render_chat(msgs, tools=[{"type": "function"}]).startswith("<|tools|>\n")
