@@ -56,8 +56,10 @@ def _add_field(parser: argparse.ArgumentParser, name: str, default: Any) -> None
     if isinstance(default, bool):
         kw["action"] = argparse.BooleanOptionalAction
     elif name in _OPTIONAL:
+        kw["metavar"] = name.upper()
         kw["type"] = _OPTIONAL[name]
     else:
+        kw["metavar"] = name.upper()
         kw["type"] = type(default)
         if name in _CHOICES:
             kw["choices"] = _CHOICES[name]
