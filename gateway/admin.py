@@ -10,6 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.configtools import ConfigError
+
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
@@ -22,14 +24,27 @@ def build_admin_app(gw: Gateway) -> Starlette:
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def replicas(request: Request) -> Response:
-        return JSONResponse({"replicas": [r.describe() for r in gw.registry]})
+        return JSONResponse({"replicas": [r.describe() for r in gw.registry],
+                             "admission": gw.admission.describe()})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def policies(request: Request) -> Response:
+        return JSONResponse({"policies": gw.policy.policies.describe()})
+
+    async def reload_policies(request: Request) -> Response:
+        try:
+            loaded = gw.policy.reload()
+        except ConfigError as exc:
+            return JSONResponse({"status": "refused", "errors": exc.problems}, status_code=400)
+        return JSONResponse({"status": "reloaded", "policies": [p.name for p in loaded.policies]})
 
     routes = [
         Route("/metrics", metrics, methods=["GET"]),
         Route("/admin/replicas", replicas, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/admin/policies", policies, methods=["GET"]),
+        Route("/admin/policies/reload", reload_policies, methods=["POST"]),
     ]
     return Starlette(routes=routes)

@@ -1,40 +1,291 @@
-"""Admission: take a lease on a replica before forwarding.
+"""Admission: lease KV room and prefill capacity on a replica, or wait in the queue.
 
-This first version admits at once to the best-ranked replica and counts
-in-flight requests; KV-headroom admission with its priority/deadline queue
-replaces `PassThroughAdmission` behind the same interface.
+`AdmissionController.acquire(ctx, ranked)` is an async context manager
+yielding a `Lease` (`.replica` is where to forward). It takes the first
+ranked replica that can admit now; otherwise the request waits in the
+gateway queue (priority class, then deadline, then arrival) and is woken —
+by a lease release or a fresh metrics reading, never by a polling loop —
+when the dispatcher can place it on any of its ranked candidates.
+
+Per replica, a request is admitted when (all in tokens unless noted):
+- KV: leased + need ≤ watermark(class) × capacity − external use seen in
+  metrics (an idle ledger admits anything up to the whole free capacity);
+- prefill: backlog + uncached prompt ≤ TTFT target(class) × measured
+  prefill rate (an empty backlog admits any single prompt);
+- the engine's own waiting queue ≤ `max_engine_waiting`;
+- in flight < the concurrency bound (config or llama.cpp slots); with no
+  known capacity, `unknown_capacity_max_in_flight`.
+The same limits go into one atomic `StateStore.reserve` (see
+`gateway.ledger`). Leaving: admitted; 503 `deadline_unreachable` as soon as
+the remaining time cannot cover the estimated TTFT; 504 at the deadline
+(the pipeline's timer cancels the wait); client gone (cancelled, removed at
+once); 503 `queue_full` with `Retry-After` from the drain rate; 400 when the
+request exceeds every replica's capacity.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from gateway.config import AdmissionConfig
+from gateway.admission_metrics import AdmissionMetrics
+from gateway.config import PRIORITY_CLASSES, AdmissionConfig
 from gateway.context import RequestContext
-from gateway.errors import NoHealthyReplica
-from gateway.replicas import Replica
+from gateway.demand import DemandEstimator
+from gateway.errors import BadRequest, NoHealthyReplica, Overloaded
+from gateway.ledger import Demand, Lease, Limits, claims
+from gateway.livestate import LiveState, ReplicaLive
+from gateway.queue import AdmissionQueue, Entry, QueueFull
+from gateway.replicas import Replica, ReplicaRegistry
+from gateway.state import MemoryStateStore, StateStore
+
+__all__ = ["AdmissionController", "Lease"]
 
 
 @dataclass(slots=True, eq=False)
-class Lease:
-    replica: Replica
+class Waiter:
+    ctx: RequestContext
+    ranked: list[Replica]
+    cls: str
+    future: asyncio.Future[Lease]
 
 
-class PassThroughAdmission:
-    def __init__(self, cfg: AdmissionConfig) -> None:
+class AdmissionController:
+    def __init__(self, cfg: AdmissionConfig, registry: ReplicaRegistry, store: StateStore | None = None,
+                 metrics: AdmissionMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._cfg = cfg
+        self._store: StateStore = store if store is not None else MemoryStateStore(clock)
+        self._clock = clock
+        self.metrics = metrics
+        self.estimator = DemandEstimator(cfg)
+        self.trackers = {r.name: ReplicaLive(cfg, r.config.capacity_tokens) for r in registry}
+        for r in registry:
+            r.state = self.trackers[r.name].state
+        self.queue: AdmissionQueue[Waiter] = AdmissionQueue(
+            PRIORITY_CLASSES, cfg.queue_max_requests, cfg.queue_max_tokens, clock)
+        self._pump_task: asyncio.Task[None] | None = None
+        self._repump = False
+        if metrics is not None:
+            metrics.watch(registry, lambda: [(c, st.length, st.tokens) for c, st in self.queue.stats.items()])
+
+    @property
+    def enabled(self) -> bool:
+        return self._cfg.enabled
+
+    # --- what routing asks --------------------------------------------------
+
+    def can_admit(self, ctx: RequestContext, replica: Replica) -> bool:
+        """Cheap synchronous check against the local view (the reserve decides)."""
+        if not self._cfg.enabled:
+            return replica.healthy
+        return not isinstance(self._limits(replica, self.estimator.demand(ctx, replica.name),
+                                           self._class(ctx)), str)
+
+    def on_update(self, replica: Replica) -> None:
+        """A fresh reading (or a failed poll) for `replica`: re-evaluate the queue."""
+        self.kick()
+
+    # --- acquire ------------------------------------------------------------
 
     @asynccontextmanager
     async def acquire(self, ctx: RequestContext, ranked: list[Replica]) -> AsyncIterator[Lease]:
         if not ranked:
             raise NoHealthyReplica("No healthy replica is available.", retry_after=1.0)
-        replica = ranked[0]
-        ctx.queued_at = ctx.admitted_at = time.monotonic()
-        replica.in_flight += 1
+        ctx.queued_at = self._clock()
+        lease = await (self._admit(ctx, ranked) if self._cfg.enabled else self._pass_through(ctx, ranked))
+        ctx.admitted_at = self._clock()
+        ctx.first_byte_hooks.append(lease.first_byte)
+        ok = False
         try:
-            yield Lease(replica)
+            yield lease
+            ok = True
         finally:
-            replica.in_flight -= 1
+            await asyncio.shield(lease.close())
+            if ok:
+                self.estimator.learn(ctx)
+
+    async def _pass_through(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
+        replica = next((r for r in ranked if r.healthy), ranked[0])
+        return Lease(replica, self.estimator.demand(ctx), self._store, None, 0.0, self._delta)
+
+    async def _admit(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
+        cls = self._class(ctx)
+        demand = self.estimator.demand(ctx)
+        self._check_fits(ctx, cls, demand, ranked)
+        if not self._queued_at_or_above(cls):
+            lease = await self._try_ranked(ctx, ranked, cls)
+            if lease is not None:
+                self._count_admitted(cls, 0.0)
+                return lease
+        return await self._wait(ctx, ranked, cls, demand)
+
+    def _check_fits(self, ctx: RequestContext, cls: str, demand: Demand, ranked: list[Replica]) -> None:
+        caps = [r.state.capacity_tokens if isinstance(r.state, LiveState) else None for r in ranked]
+        if any(c is None for c in caps) or demand.kv_tokens <= max(c or 0 for c in caps):
+            return
+        self._reject(cls, "exceeds_capacity")
+        raise BadRequest(
+            f"This request needs {demand.kv_tokens} KV tokens ({demand.prompt_tokens} prompt + "
+            f"{demand.output_tokens} output), more than any replica holds ({max(c or 0 for c in caps)}).",
+            param="max_tokens", code="exceeds_replica_capacity", reason="exceeds_capacity")
+
+    def _queued_at_or_above(self, cls: str) -> bool:
+        rank = self.queue.rank(cls)
+        return any(st.length for c, st in self.queue.stats.items() if self.queue.rank(c) <= rank)
+
+    # --- the queue ----------------------------------------------------------
+
+    async def _wait(self, ctx: RequestContext, ranked: list[Replica], cls: str, demand: Demand) -> Lease:
+        deadline = ctx.deadline if ctx.deadline is not None else math.inf
+        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        try:
+            entry = self.queue.push(Waiter(ctx, ranked, cls, future), cls, deadline, demand.kv_tokens)
+        except QueueFull as full:
+            self._reject(cls, "queue_full")
+            raise Overloaded(f"The gateway queue for {cls} requests is full ({full.what}); retry later.",
+                             retry_after=full.retry_after, reason="queue_full") from None
+        self.kick()
+        lease: Lease | None = None
+        try:
+            lease = await self._await_admission(entry, demand, future)
+        except asyncio.CancelledError:
+            gone = "deadline_exceeded" if self._clock() >= deadline - 0.001 else "client_gone"
+            self._reject(cls, gone)
+            raise
+        finally:
+            self.queue.remove(entry)
+            if not future.done():
+                future.cancel()
+            elif lease is None and not future.cancelled():
+                # Granted just as we were cancelled or shed: give it back.
+                await asyncio.shield(future.result().close())
+        self._count_admitted(cls, self._clock() - entry.enqueued_at)
+        return lease
+
+    async def _await_admission(self, entry: Entry[Waiter], demand: Demand, future: asyncio.Future[Lease]) -> Lease:
+        for _ in range(100_000):  # each round waits until the shed instant moves: bounded in practice
+            shed_at = entry.deadline - self._estimated_ttft(entry, demand)
+            wait = shed_at - self._clock()
+            if wait <= 0 and future.done():
+                return future.result()
+            if wait <= 0:
+                self._reject(entry.cls, "deadline_unreachable")
+                raise Overloaded("The request cannot start before its deadline at the current load.",
+                                 retry_after=self.queue.retry_after(entry.cls), reason="deadline_unreachable",
+                                 code="deadline_unreachable")
+            done, _ = await asyncio.wait({future}, timeout=None if math.isinf(wait) else wait)
+            if done:
+                return future.result()
+        raise Overloaded("Admission wait did not converge.", reason="queue_stuck")
+
+    def _estimated_ttft(self, entry: Entry[Waiter], demand: Demand) -> float:
+        states = [r.state for r in entry.item.ranked if r.healthy and isinstance(r.state, LiveState)]
+        if not states:
+            return 0.0
+        own = min(s.estimated_ttft_s(demand.prefill_tokens) for s in states)
+        total_rate = sum(s.prefill_tokens_per_s for s in states) or 1.0
+        return own + self.queue.ahead_tokens(entry) / total_rate
+
+    def kick(self) -> None:
+        """Wake the dispatcher (lease released, fresh reading, new waiter)."""
+        if self._pump_task is not None and not self._pump_task.done():
+            self._repump = True
+            return
+        if len(self.queue):
+            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        """Admit waiters in queue order; stop at the first that cannot be placed."""
+        for _ in range(10_000):
+            self._repump = False
+            for entry in self.queue.ordered():
+                w = entry.item
+                if w.future.done():
+                    self.queue.remove(entry)
+                    continue
+                lease = await self._try_ranked(w.ctx, w.ranked, w.cls)
+                if lease is None:
+                    break
+                if w.future.done():  # cancelled while we reserved
+                    await lease.close()
+                    continue
+                self.queue.remove(entry, admitted=True)
+                w.future.set_result(lease)
+            if not self._repump:
+                return
+
+    # --- the decision -------------------------------------------------------
+
+    async def _try_ranked(self, ctx: RequestContext, ranked: list[Replica], cls: str) -> Lease | None:
+        for replica in ranked:
+            demand = self.estimator.demand(ctx, replica.name)
+            limits = self._limits(replica, demand, cls)
+            if isinstance(limits, str):
+                continue
+            ttl = max(0.0, (ctx.deadline or self._clock()) - self._clock()) + self._cfg.lease_grace_s
+            result = await self._store.reserve(claims(replica.name, demand, limits), ttl)
+            if result.reservation is not None:
+                return Lease(replica, demand, self._store, result.reservation, ttl, self._delta)
+        return None
+
+    def _limits(self, replica: Replica, demand: Demand, cls: str) -> Limits | str:
+        """The reserve limits on `replica`, or why it cannot admit now."""
+        s = replica.state
+        if not replica.healthy or not isinstance(s, LiveState) or not s.healthy:
+            return "unhealthy"
+        if s.capacity_tokens is None:
+            bounds = [b for b in (self._cfg.unknown_capacity_max_in_flight, s.max_in_flight) if b is not None]
+            bound = min(bounds) if bounds else None
+            if bound is not None and s.in_flight + 1 > bound:
+                return "in_flight"
+            return Limits(None, None, bound)
+        if (self._cfg.max_engine_waiting is not None and s.engine_waiting is not None
+                and s.engine_waiting > self._cfg.max_engine_waiting):
+            return "engine_queue"
+        free = s.capacity_tokens - s.external_tokens
+        kv = int(self._cfg.watermark(cls) * s.capacity_tokens) - s.external_tokens
+        if demand.kv_tokens <= free:
+            kv = max(kv, demand.kv_tokens)  # an idle ledger takes any request that fits
+        prefill = max(int(self._cfg.ttft_target(cls) * s.prefill_tokens_per_s), demand.prefill_tokens)
+        limits = Limits(kv, prefill, s.max_in_flight)
+        if s.leased_tokens + demand.kv_tokens > kv:
+            return "kv"
+        if s.prefill_backlog_tokens + demand.prefill_tokens > prefill:
+            return "prefill"
+        if s.max_in_flight is not None and s.in_flight + 1 > s.max_in_flight:
+            return "in_flight"
+        return limits
+
+    def _delta(self, lease: Lease, kv: int, prefill: int, in_flight: int) -> None:
+        replica = lease.replica
+        replica.in_flight += in_flight
+        t = self.trackers[replica.name]
+        replica.state = t.ledger_changed(t.leased + kv, t.backlog + prefill, t.in_flight + in_flight,
+                                         self._clock())
+        if kv < 0 or prefill < 0 or in_flight < 0:
+            self.kick()
+
+    def _class(self, ctx: RequestContext) -> str:
+        return ctx.priority if ctx.priority in PRIORITY_CLASSES else "standard"
+
+    def _count_admitted(self, cls: str, waited: float) -> None:
+        if self.metrics is not None:
+            self.metrics.admitted.labels(cls).inc()
+            self.metrics.queue_wait.labels(cls).observe(waited)
+
+    def _reject(self, cls: str, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(cls, reason).inc()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "enabled": self._cfg.enabled,
+            "queue": {c: {"length": st.length, "tokens": st.tokens,
+                          "drain_per_s": None if st.drain_per_s is None else round(st.drain_per_s, 3)}
+                      for c, st in self.queue.stats.items()},
+        }

@@ -25,7 +25,8 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admin import build_admin_app
-from gateway.admission import PassThroughAdmission
+from gateway.admission import AdmissionController
+from gateway.admission_metrics import AdmissionMetrics
 from gateway.auth import Authenticator
 from gateway.budgets import Budgets
 from gateway.config import GatewayConfig
@@ -35,9 +36,11 @@ from gateway.ingress import Ingress
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import Pipeline, Stages
 from gateway.policy import PolicyStage
+from gateway.poller import LiveStatePoller
 from gateway.proxy import Forwarder
 from gateway.replicas import HealthMonitor, ReplicaRegistry
 from gateway.scheduling.router import build_router
+from gateway.state import MemoryStateStore
 from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("gateway")
@@ -56,13 +59,20 @@ class Gateway:
         self.registry = ReplicaRegistry(cfg.replicas)
         self.client = UpstreamClient(cfg.upstream)
         self.health = HealthMonitor(self.registry, self.client, cfg.health)
+        self.store = MemoryStateStore()
+        self.policy = PolicyStage(cfg, self.registry, self.client, self.metrics.registry)
+        self.admission = AdmissionController(cfg.admission, self.registry, self.store,
+                                             AdmissionMetrics(self.metrics.registry))
+        self.poller = LiveStatePoller(self.registry, self.client, cfg.admission, self.admission.trackers,
+                                      self.admission.on_update)
         stages = Stages(
             ingress=Ingress(cfg),
             auth=Authenticator(cfg.auth),
-            policy=PolicyStage(),
-            budgets=Budgets(),
-            router=build_router(cfg.scheduling.policy),
-            admission=PassThroughAdmission(cfg.admission),
+            policy=self.policy,
+            budgets=Budgets(cfg, self.store, metrics_registry=self.metrics.registry),
+            router=build_router(cfg.scheduling, registry=self.metrics.registry,
+                                can_admit=self.admission.can_admit),
+            admission=self.admission,
             forwarder=Forwarder(cfg, self.client),
         )
         self.pipeline = Pipeline(cfg, self.registry, stages, self.metrics)
@@ -75,8 +85,11 @@ class Gateway:
         try:
             await self.health.check_all()
             await self.health.start()
+            await self.poller.poll_all()
+            await self.poller.start()
             yield
         finally:
+            await self.poller.stop()
             await self.health.stop()
             await self.client.close()
 

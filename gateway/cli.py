@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -77,13 +80,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return 1
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    gw = create_app(cfg)
+    try:
+        gw = create_app(cfg)
+    except ConfigError as exc:
+        print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
+        return 1
     listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port),
                  Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
     print(f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
           f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port})", flush=True)
-    asyncio.run(serve_all(listeners, log_level=cfg.log_level))
+    asyncio.run(_serve_reloading(gw, listeners, cfg.log_level))
     return 0
+
+
+async def _serve_reloading(gw: Any, listeners: list[Listener], log_level: str) -> None:
+    """Serve; SIGHUP reloads the task policies (an invalid set is refused and logged)."""
+    def reload() -> None:
+        with contextlib.suppress(ConfigError):  # refused: logged by PolicyStage.reload
+            gw.policy.reload()
+
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, AttributeError):  # no SIGHUP on Windows
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    await serve_all(listeners, log_level=log_level)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -91,13 +110,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         cfg = load_config(args.file)
         from gateway.policy import check_policies
 
-        check_policies(cfg)
+        policies = check_policies(cfg)
     except ConfigError as exc:
         print(f"{args.file}: invalid config:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
     print(yaml.safe_dump(effective_config(cfg), sort_keys=False), end="")
+    print(yaml.safe_dump({"loaded_policies": policies.describe()}, sort_keys=False), end="")
     return 0
 
 

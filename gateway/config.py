@@ -9,6 +9,7 @@ is printed. The full reference is `config/README.md`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from gateway.scheduling.config import SchedulingConfig
 
 EngineKind = Literal["auto", "vllm", "llamacpp"]
 
-SECRET_FIELDS = frozenset({"api_key", "api_keys", "key", "secret", "password", "isolation_secret", "url_password"})
+SECRET_FIELDS = frozenset({"api_key", "api_keys", "key", "secret", "password", "isolation_secret", "url_password", "sha256"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,18 +118,160 @@ class UpstreamConfig:
             raise ValueError("max_connections must be >= 1 and max_connections_per_replica >= 0")
 
 
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyConfig:
+    """One client API key: plaintext (normally `${ENV}`) or its SHA-256 hex digest."""
+
+    tenant: str
+    key: str = ""
+    sha256: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.key) == bool(self.sha256):
+            raise ValueError("give exactly one of key (plaintext or ${ENV}) and sha256")
+        if self.sha256 and not _SHA256_HEX.match(self.sha256):
+            raise ValueError("sha256 must be 64 lowercase hex digits")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """What a tenant may do: tasks, default task, rate and concurrency limits (None: unlimited)."""
+
+    allowed_tasks: tuple[str, ...] = ()
+    default_task: str | None = None
+    requests_per_min: int | None = None
+    tokens_per_min: int | None = None
+    max_concurrent: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("requests_per_min", "tokens_per_min", "max_concurrent"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.default_task and self.allowed_tasks and self.default_task not in self.allowed_tasks:
+            raise ValueError(f"default_task {self.default_task!r} is not in allowed_tasks")
+
+
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
-    """Client API keys and tenants (see the policies/budgets docs)."""
+    """Client API keys and tenants (docs/policies.md). Off unless `enabled`."""
 
     enabled: bool = False
+    keys: tuple[ApiKeyConfig, ...] = ()
+    tenants: dict[str, TenantConfig] = field(default_factory=dict)
+    isolation_secret: str = ""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.keys:
+            raise ValueError("enabled: true needs at least one entry in keys")
+        unknown = sorted({k.tenant for k in self.keys if k.tenant not in self.tenants})
+        if unknown:
+            raise ValueError(f"keys refer to undefined tenants {unknown} (define them under tenants)")
+        if self.isolation_secret and len(self.isolation_secret) < 16:
+            raise ValueError("isolation_secret must be at least 16 characters")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsConfig:
+    """Where the session (agent chain) key is read from, in order: headers, then body fields."""
+
+    headers: tuple[str, ...] = ("x-session-id", "session_id", "x-session-affinity")
+    body_fields: tuple[str, ...] = ("prompt_cache_key", "user")
+
+    def __post_init__(self) -> None:
+        allowed = {"prompt_cache_key", "user", "safety_identifier", "session_id"}
+        bad = sorted(set(self.body_fields) - allowed)
+        if bad:
+            raise ValueError(f"body_fields {bad} are not supported (use {sorted(allowed)})")
+
+
+@dataclass(frozen=True, slots=True)
+class TokensConfig:
+    """Token counting (`tokens: engine` in policies): engine timeout and cache size."""
+
+    engine_timeout_s: float = 2.0
+    cache_entries: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.engine_timeout_s <= 0 or self.cache_entries < 1:
+            raise ValueError("engine_timeout_s must be > 0 and cache_entries >= 1")
+
+
+PRIORITY_CLASSES = ("interactive", "standard", "batch")
+
+
+def _per_class(name: str, given: dict[str, Any], defaults: dict[str, Any], lo: float, hi: float) -> dict[str, Any]:
+    unknown = sorted(set(given) - set(PRIORITY_CLASSES))
+    if unknown:
+        raise ValueError(f"{name}: unknown priority classes {unknown} (known: {list(PRIORITY_CLASSES)})")
+    merged = {**defaults, **given}
+    for cls, value in merged.items():
+        if not lo <= value <= hi:
+            raise ValueError(f"{name}.{cls} must be between {lo} and {hi}, got {value}")
+    return merged
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """KV-headroom admission and the gateway queue."""
+    """KV-headroom admission and the gateway queue (see docs/admission.md).
 
-    enabled: bool = False
+    Per-class maps may name only some classes; the others keep their defaults.
+    """
+
+    enabled: bool = True
+    watermarks: dict[str, float] = field(default_factory=dict)
+    ttft_targets_s: dict[str, float] = field(default_factory=dict)
+    queue_max_requests: dict[str, int] = field(default_factory=dict)
+    queue_max_tokens: dict[str, int] = field(default_factory=dict)
+    poll_interval_s: float = 0.25
+    poll_timeout_s: float = 1.0
+    stale_after_s: float = 2.0
+    unhealthy_after_failures: int = 3
+    max_engine_waiting: int | None = 4
+    max_in_flight: int | None = None
+    unknown_capacity_max_in_flight: int | None = None
+    output_reservation: Literal["limit", "learned"] = "limit"
+    learned_quantile: float = 0.95
+    learned_min_samples: int = 50
+    default_output_tokens: int = 1024
+    default_prefill_tokens_per_s: float = 8000.0
+    chars_per_token: float = 3.0
+    lease_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        fix = object.__setattr__
+        fix(self, "watermarks", _per_class("watermarks", self.watermarks,
+                                           {"interactive": 0.92, "standard": 0.85, "batch": 0.70}, 0.01, 1.0))
+        fix(self, "ttft_targets_s", _per_class("ttft_targets_s", self.ttft_targets_s,
+                                               {"interactive": 2.0, "standard": 10.0, "batch": 60.0}, 0.001, 86400))
+        fix(self, "queue_max_requests", _per_class("queue_max_requests", self.queue_max_requests,
+                                                   {"interactive": 256, "standard": 512, "batch": 4096}, 0, 10**7))
+        fix(self, "queue_max_tokens", _per_class("queue_max_tokens", self.queue_max_tokens,
+                                                 {"interactive": 4_000_000, "standard": 8_000_000,
+                                                  "batch": 64_000_000}, 0, 10**12))
+        positive = ("poll_interval_s", "poll_timeout_s", "stale_after_s", "default_prefill_tokens_per_s",
+                    "chars_per_token", "lease_grace_s", "default_output_tokens", "unhealthy_after_failures",
+                    "learned_min_samples")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name, low in (("max_engine_waiting", 0), ("max_in_flight", 1), ("unknown_capacity_max_in_flight", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not 0.5 <= self.learned_quantile < 1.0:
+            raise ValueError(f"learned_quantile must be in [0.5, 1), got {self.learned_quantile}")
+        if self.stale_after_s < self.poll_interval_s:
+            raise ValueError("stale_after_s must be >= poll_interval_s")
+
+    def watermark(self, cls: str) -> float:
+        return self.watermarks.get(cls, self.watermarks["standard"])
+
+    def ttft_target(self, cls: str) -> float:
+        return self.ttft_targets_s.get(cls, self.ttft_targets_s["standard"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +293,8 @@ class GatewayConfig:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     policies: str | None = None
     auth: AuthConfig = field(default_factory=AuthConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     state: StateConfig = field(default_factory=StateConfig)

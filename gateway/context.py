@@ -6,12 +6,17 @@ earlier stages wrote and adds its own fields; no stage reaches back.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gateway.config import TimeoutsConfig
+    from gateway.deadlines import ClientDeadlines
     from gateway.protocol import ParsedRequest
     from gateway.replicas import Replica
 
@@ -28,6 +33,14 @@ class RequestContext:
     request: ParsedRequest | None = None
     deadline: float | None = None
     deadline_source: str = "config"
+    # deadlines (gateway/deadlines.py): the client's headers, the effective
+    # per-request timeouts, the session's deadline (a monotonic instant, set by
+    # the session stage), the response-start deadline (client SDK timeout)
+    client_deadlines: ClientDeadlines | None = None
+    timeouts: TimeoutsConfig | None = None
+    session_deadline: float | None = None
+    start_deadline: float | None = None
+    deadline_timer: asyncio.Timeout | None = None
     session_key: str | None = None
     # policy / auth
     tenant: str | None = None
@@ -39,6 +52,8 @@ class RequestContext:
     # route / admit
     prefix: Any = None
     candidates: list[Replica] = field(default_factory=list)
+    # replica name -> prompt tokens the router expects cached there (admission: prefill = prompt - cached)
+    cached_tokens: dict[str, int] = field(default_factory=dict)
     replica: Replica | None = None
     attempts: int = 0
     queued_at: float | None = None
@@ -48,6 +63,8 @@ class RequestContext:
     response_started: bool = False
     response_complete: bool = False
     first_byte_at: float | None = None
+    # run once when the first response byte arrives (admission ends the lease's prefill claim)
+    first_byte_hooks: list[Callable[[], None]] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     upstream_status: int | None = None
     # settle
@@ -56,6 +73,12 @@ class RequestContext:
     response_headers: dict[str, str] = field(default_factory=dict)
     upstream_headers: dict[str, str] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+
+    def mark_first_byte(self, now: float) -> None:
+        self.first_byte_at = now
+        hooks, self.first_byte_hooks = self.first_byte_hooks, []
+        for hook in hooks:
+            hook()
 
     @property
     def queue_seconds(self) -> float:

@@ -37,6 +37,8 @@ class GatewayError(Exception):
     type = "server_error"
     code: str | None = "internal_error"
     reason = "internal_error"
+    #: Overrides the `x-should-retry` header the OpenAI SDKs obey (None: by status).
+    should_retry: bool | None = None
 
     def __init__(
         self,
@@ -185,7 +187,9 @@ def error_headers(err: GatewayError, request_id: str | None = None) -> dict[str,
         headers["retry-after-ms"] = str(max(1, int(err.retry_after * 1000)))
     if request_id:
         headers["x-request-id"] = request_id
-    if 400 <= err.status < 500 and err.status not in (408, 409, 429):
+    if err.should_retry is not None:
+        headers["x-should-retry"] = "true" if err.should_retry else "false"
+    elif 400 <= err.status < 500 and err.status not in (408, 409, 429):
         headers["x-should-retry"] = "false"
     return headers
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
+from gateway.deadlines import parse_headers
 from gateway.protocol import Endpoint, parse_request
 
+# Defaults of `sessions.headers` / `sessions.body_fields` (gateway.config.SessionsConfig).
 SESSION_HEADERS = ("x-session-id", "session_id", "x-session-affinity")
 SESSION_BODY_FIELDS = ("prompt_cache_key", "user")
 
@@ -18,16 +20,17 @@ class Ingress:
         endpoint: Endpoint = "chat" if ctx.endpoint == "chat" else "completions"
         ctx.request = parse_request(endpoint, raw)
         ctx.session_key = self._session_key(ctx)
+        ctx.client_deadlines = parse_headers(ctx.headers, ctx.received_at)
         ctx.deadline = ctx.received_at + self._cfg.timeouts.total_s
         ctx.deadline_source = "config"
 
     def _session_key(self, ctx: RequestContext) -> str | None:
-        for name in SESSION_HEADERS:
+        for name in self._cfg.sessions.headers:
             value = ctx.headers.get(name)
             if value:
                 return value[:256]
         assert ctx.request is not None
-        for name in SESSION_BODY_FIELDS:
+        for name in self._cfg.sessions.body_fields:
             value = ctx.request.body.get(name)
             if isinstance(value, str) and value:
                 return value[:256]

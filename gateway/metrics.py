@@ -29,6 +29,11 @@ class GatewayMetrics:
         self.cancellations = Counter("gateway_cancellations", "Requests whose client went away, by stage.",
                                      ["stage"], registry=r)
         self.in_flight = Gauge("gateway_in_flight_requests", "Requests being processed.", registry=r)
+        self.admitted = Counter("gateway_requests_admitted",
+                                "Requests that entered the pipeline; equals the sum of gateway_requests_total "
+                                "(finished + cancelled + failed) once they settle.", registry=r)
+        self.deadline_exceeded = Counter("gateway_deadline_exceeded", "Requests stopped by their deadline, by stage.",
+                                         ["stage"], registry=r)
         self.replica_healthy = Gauge("gateway_replica_healthy", "1 when the replica passes health checks.",
                                      ["replica"], registry=r)
         self.replica_in_flight = Gauge("gateway_replica_in_flight", "Requests forwarded to the replica.",

@@ -16,7 +16,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.admission import PassThroughAdmission
+from gateway import deadlines
+from gateway.admission import AdmissionController
 from gateway.auth import Authenticator
 from gateway.budgets import Budgets
 from gateway.config import GatewayConfig
@@ -47,7 +48,7 @@ class Stages:
     policy: PolicyStage
     budgets: Budgets
     router: Router
-    admission: PassThroughAdmission
+    admission: AdmissionController
     forwarder: Forwarder
 
 
@@ -60,12 +61,15 @@ class Pipeline:
         self._metrics = metrics
 
     async def handle(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
+        self._metrics.admitted.inc()
         self._metrics.in_flight.inc()
         try:
             await self._run(ctx, raw, send)
             ctx.outcome = "ok"
         except GatewayError as err:
             ctx.outcome = err.reason
+            if isinstance(err, DeadlineExceeded):
+                self._metrics.deadline_exceeded.labels(ctx.stage).inc()
             await self._fail(ctx, err, send)
         except asyncio.CancelledError:
             ctx.outcome = "cancelled"
@@ -84,20 +88,9 @@ class Pipeline:
         s.auth.authenticate(ctx)
         s.ingress.process(ctx, raw)
         await s.policy.apply(ctx)
-        assert ctx.deadline is not None
-        loop = asyncio.get_running_loop()
-        when = loop.time() + (ctx.deadline - time.monotonic())
-        try:
-            async with asyncio.timeout_at(when):
-                async with s.budgets.reserve(ctx):
-                    await self._dispatch(ctx, send)
-        except TimeoutError:
-            if time.monotonic() < ctx.deadline - 0.001:
-                raise
-            raise DeadlineExceeded(
-                f"The request did not finish within its deadline ({ctx.deadline_source}); "
-                f"stage: {ctx.stage}."
-            ) from None
+        deadlines.resolve(ctx, self._cfg)
+        async with deadlines.enforce(ctx, send) as timed_send, s.budgets.reserve(ctx):
+            await self._dispatch(ctx, timed_send)
 
     async def _dispatch(self, ctx: RequestContext, send: Send) -> None:
         s = self.stages

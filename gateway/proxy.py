@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
+from gateway.deadlines import upstream_deadline_header
 from gateway.engines import adapter_for
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
 from gateway.replicas import Replica
@@ -52,6 +53,8 @@ class Forwarder:
     def upstream_headers(self, ctx: RequestContext, replica: Replica) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
                    "X-Request-Id": ctx.request_id}
+        if ctx.deadline is not None:
+            headers["X-Request-Deadline"] = upstream_deadline_header(ctx)
         for name in FORWARDED_CLIENT_HEADERS:
             value = ctx.headers.get(name)
             if value is not None:
@@ -70,6 +73,9 @@ class Forwarder:
             body = dict(body)
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             injected = True
+        if ctx.output_limit is not None:
+            body = dict(body)
+            adapter_for(ctx.replica.kind if ctx.replica else "unknown").set_output_limit(body, ctx.output_limit)
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), injected
 
     async def forward(self, ctx: RequestContext, replica: Replica, send: Send) -> None:
@@ -77,7 +83,7 @@ class Forwarder:
         assert req is not None
         data, injected = self.upstream_body(ctx)
         url = replica.url + PATHS[req.endpoint]
-        timeouts = self._cfg.timeouts
+        timeouts = ctx.timeouts or self._cfg.timeouts
         ctx.stage = "waiting_first_byte"
         ctx.notes["upstream_sent_at"] = time.monotonic()
         async with AsyncExitStack() as stack:
@@ -93,7 +99,7 @@ class Forwarder:
                 await self._relay_body(ctx, resp, send)
 
     async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
-        raw = await _timed(resp.read_all(), self._cfg.timeouts.idle_s, "error body")
+        raw = await _timed(resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")
         err = adapter_for(replica.kind).normalize_error(resp.status, raw)
         if resp.status == 503:
             # The engine refused before starting (busy, loading): provably not started.
@@ -125,10 +131,10 @@ class Forwarder:
         return headers
 
     async def _relay_stream(self, ctx: RequestContext, resp: UpstreamResponse, send: Send, injected: bool) -> None:
-        timeouts = self._cfg.timeouts
+        timeouts = ctx.timeouts or self._cfg.timeouts
         relay = SSERelay(drop_usage_only_chunk=injected)
         chunk = await _timed(resp.read_chunk(), timeouts.first_byte_s, "first token")
-        ctx.first_byte_at = time.monotonic()
+        ctx.mark_first_byte(time.monotonic())
         await send(self._start_message(ctx, resp.content_type, SSE_HEADERS))
         ctx.response_started = True
         ctx.stage = "streaming"
@@ -145,8 +151,8 @@ class Forwarder:
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _relay_body(self, ctx: RequestContext, resp: UpstreamResponse, send: Send) -> None:
-        body = await _timed(resp.read_all(1 << 30), self._cfg.timeouts.idle_s, "body (idle gap)")
-        ctx.first_byte_at = time.monotonic()
+        body = await _timed(resp.read_all(1 << 30), (ctx.timeouts or self._cfg.timeouts).idle_s, "body (idle gap)")
+        ctx.mark_first_byte(time.monotonic())
         ctx.usage = usage_from_body(body)
         await send(self._start_message(ctx, resp.content_type, [], len(body)))
         ctx.response_started = True

@@ -70,6 +70,8 @@ class Replica:
             "models": [m.get("id") for m in self.models],
             "max_model_len": self.max_model_len,
             "in_flight": self.in_flight,
+            # live KV/prefill/ledger numbers (gateway.livestate.LiveState) once admission tracks it
+            "live": self.state.describe() if hasattr(self.state, "describe") else None,
         }
 
 

@@ -32,6 +32,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _bind_all(listeners: Sequence[Listener]) -> list[socket.socket]:
+    bound: list[socket.socket] = []
+    try:
+        for lst in listeners:
+            sock = socket.socket(socket.AF_INET6 if ":" in lst.host else socket.AF_INET, socket.SOCK_STREAM)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((lst.host, lst.port))
+            sock.listen(2048)
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
+
+
 def _make_server(listener: Listener, log_level: str) -> uvicorn.Server:
     config = uvicorn.Config(
         listener.app,
@@ -81,9 +98,13 @@ class BackgroundServers:
         self._thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._error: BaseException | None = None
+        self._sockets: list[socket.socket] = []
 
     def start(self, timeout: float = 20.0) -> BackgroundServers:
-        # uvicorn installs signal handlers only on the main thread, so none here.
+        # Bind here, so a taken port fails at once with OSError in the caller's
+        # thread (uvicorn would sys.exit() inside the loop). uvicorn installs
+        # signal handlers only on the main thread, so none are installed here.
+        self._sockets = _bind_all(self._listeners)
         self._servers = [_make_server(lst, self._log_level) for lst in self._listeners]
         self._thread = threading.Thread(target=self._run, name="bg-servers", daemon=True)
         self._thread.start()
@@ -115,8 +136,16 @@ class BackgroundServers:
             loop.close()
 
     async def _serve(self) -> None:
-        tasks = [asyncio.create_task(s.serve()) for s in self._servers]
-        await asyncio.gather(*tasks)
+        tasks = [asyncio.create_task(s.serve(sockets=[sock]))
+                 for s, sock in zip(self._servers, self._sockets, strict=True)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for server in self._servers:
+                server.should_exit = True
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for sock in self._sockets:
+                sock.close()
 
     def call(self, coro: Any, timeout: float = 30.0) -> Any:
         """Run a coroutine on the servers' loop and wait for its result."""

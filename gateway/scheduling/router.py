@@ -1,15 +1,45 @@
 """Routing: rank the eligible replicas for a request.
 
-The prefix-affinity scheduling framework replaces the least-in-flight router
-here; the pipeline only sees the `Router` protocol.
+The pipeline only sees the `Router` protocol. `build_router` returns a
+baseline router or a `SchedulingRouter` running the configured profile
+(filters → weighted scorers → picker) over facts computed once per request
+(`Cycle`): prefix blocks matched against each replica's prefix index, load
+in token units (engine view and our own bookkeeping, the larger of the two),
+hot spots and the session's target replica.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
+from gateway.configtools import decode, to_plain
 from gateway.context import RequestContext
-from gateway.replicas import Replica
+from gateway.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
+from gateway.protocol import prompt_parts
+from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
+from gateway.scheduling.config import SchedulingConfig
+from gateway.scheduling.cycle import Cycle, Load, Threshold, find_hot
+from gateway.scheduling.hashing import bounded_load_choice
+from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
+from gateway.scheduling.metrics import SchedulingMetrics
+from gateway.scheduling.profile import Profile, WeightedScorer, named
+from gateway.scheduling.registry import REGISTRY
+from gateway.scheduling.slots import SlotPinner
+from gateway.scheduling.state import engine_view
+from gateway.scheduling.tracker import Routed, Tracker
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.replicas import Replica
+
+log = logging.getLogger("gateway.scheduling")
+
+_CYCLE = "routing_cycle"
 
 
 class Router(Protocol):
@@ -22,15 +52,148 @@ class Router(Protocol):
         ...
 
 
-class LeastInFlightRouter:
-    """Fewest in-flight requests first; ties by weight, then config order."""
+class SchedulingRouter:
+    def __init__(self, cfg: SchedulingConfig, profile: Profile, services: Services,
+                 metrics: SchedulingMetrics) -> None:
+        self._cfg = cfg
+        self.profile = profile
+        self._services = services
+        self._tracker = services.tracker
+        self._metrics = metrics
+        self._slots = SlotPinner(cfg.llamacpp_slots)
+        self._indexes: dict[str, PrefixIndex] = {}
 
     def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
-        return sorted(candidates, key=lambda r: (r.in_flight / r.config.weight, -r.config.weight))
+        cycle = self.cycle(ctx, candidates)
+        ctx.notes[_CYCLE] = cycle
+        return self.profile.run(cycle, list(candidates))
 
     def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
-        return None
+        cycle = ctx.notes.get(_CYCLE)
+        if not isinstance(cycle, Cycle):
+            cycle = self.cycle(ctx, [replica])
+        view = engine_view(replica)
+        index = self.index(replica, view.capacity_tokens)
+        matched = cycle.indexed_tokens(replica) if replica.name in cycle.matched_blocks else 0
+        index.insert(cycle.blocks.hashes)
+        slot = self._slots.apply(ctx, replica, view, self._tracker)
+        kv = cycle.prompt_tokens + (ctx.output_limit or 0)
+        self._tracker.add(Routed(ctx, replica.name, kv, cycle.prompt_tokens - matched, slot))
+        if ctx.session_key:
+            self._tracker.remember_session(ctx.session_key, replica.name)
+        self._metrics.decisions.labels(self.profile.name, replica.name).inc()
+        self._metrics.prompt_tokens.labels(replica.name).inc(cycle.prompt_tokens)
+        self._metrics.matched_tokens.labels(replica.name).inc(matched)
+
+    def index(self, replica: Replica, capacity_tokens: int | None) -> PrefixIndex:
+        cfg = self._cfg
+        capacity = capacity_tokens or cfg.default_capacity_tokens
+        blocks = int(capacity * cfg.chars_per_token / cfg.block_bytes)
+        index = self._indexes.get(replica.name)
+        if index is None:
+            index = PrefixIndex(blocks, cfg.index_ttl_s, self._services.clock)
+            self._indexes[replica.name] = index
+        elif index.capacity_blocks != max(1, blocks):
+            index.resize(blocks)
+        return index
+
+    def cycle(self, ctx: RequestContext, candidates: list[Replica]) -> Cycle:
+        blocks = self.blocks(ctx)
+        prompt_tokens = ctx.prompt_tokens or round(blocks.prompt_bytes / self._cfg.chars_per_token)
+        loads = {r.name: self._load(r) for r in candidates}
+        matched = {r.name: self.index(r, loads[r.name].capacity_tokens).matched_blocks(blocks.hashes)
+                   for r in candidates}
+        h = self._cfg.hotspot
+        hot = find_hot(list(loads.items()), Threshold(h.backlog_tokens, h.backlog_ratio),
+                       Threshold(h.in_flight, h.in_flight_ratio), Threshold(h.kv_fraction, h.kv_ratio))
+        cycle = Cycle(ctx, blocks, max(0, prompt_tokens), loads, matched, hot,
+                      tie_key=ctx.session_key or f"{blocks.head:x}")
+        cycle.session_target = self._session_target(ctx.session_key, candidates)
+        return cycle
+
+    def blocks(self, ctx: RequestContext) -> PrefixBlocks:
+        if isinstance(ctx.prefix, PrefixBlocks):
+            return ctx.prefix
+        req = ctx.request
+        assert req is not None
+        salt = req.body.get("cache_salt")
+        blocks = prefix_blocks(prompt_parts(req), req.model, salt if isinstance(salt, str) else None,
+                               self._cfg.block_bytes)
+        ctx.prefix = blocks
+        return blocks
+
+    def _load(self, replica: Replica) -> Load:
+        view = engine_view(replica)
+        name = replica.name
+        prefilling = sum(1 for r in self._tracker.outstanding(name) if r.prefilling)
+        return Load(
+            in_flight=replica.in_flight,
+            waiting=max(view.waiting or 0, prefilling),
+            backlog_tokens=max(view.backlog_tokens or 0, self._tracker.backlog_tokens(name)),
+            kv_used_tokens=max(view.used_tokens or 0, self._tracker.kv_tokens(name)),
+            capacity_tokens=view.capacity_tokens or self._cfg.default_capacity_tokens,
+            prefill_rate=view.prefill_rate or self._cfg.default_prefill_rate,
+            engine=view,
+        )
+
+    def _session_target(self, key: str | None, candidates: list[Replica]) -> str | None:
+        if not key or not candidates:
+            return None
+        known = self._tracker.session_replica(key)
+        if known is not None and any(r.name == known for r in candidates):
+            return known
+        counts = self._tracker.session_counts()
+        loads = [float(counts.get(r.name, 0)) for r in candidates]
+        return bounded_load_choice(key, candidates, loads, self._cfg.session_load_factor).name
 
 
-def build_router(policy: str) -> Router:
-    return LeastInFlightRouter()
+def build_profile(cfg: SchedulingConfig, name: str, services: Services, metrics: SchedulingMetrics) -> Profile:
+    specs = {p.name: p for p in cfg.effective_plugins()}
+    built: dict[str, object] = {}
+
+    def plugin(ref: str) -> object:
+        if ref not in built:
+            spec = specs[ref]
+            ptype = REGISTRY[spec.type]
+            built[ref] = ptype.factory(decode(ptype.params, spec.parameters, f"plugins.{ref}.parameters"), services)
+        return built[ref]
+
+    profile = next(p for p in cfg.effective_profiles() if p.name == name)
+    filters = [named(metrics, f, "filter", _as_filter(plugin(f))) for f in profile.filters]
+    scorers = [WeightedScorer(named(metrics, s.plugin, "scorer", _as_scorer(plugin(s.plugin))), s.weight)
+               for s in profile.scorers]
+    picker = named(metrics, profile.picker, "picker", _as_picker(plugin(profile.picker)))
+    return Profile(profile.name, filters, scorers, picker)
+
+
+def _as_filter(p: object) -> Filter:
+    assert hasattr(p, "filter")
+    return p  # type: ignore[return-value]
+
+
+def _as_scorer(p: object) -> Scorer:
+    assert hasattr(p, "score")
+    return p  # type: ignore[return-value]
+
+
+def _as_picker(p: object) -> Picker:
+    assert hasattr(p, "order")
+    return p  # type: ignore[return-value]
+
+
+def build_router(cfg: SchedulingConfig, *, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 can_admit: AdmitCheck | None = None) -> Router:
+    if cfg.policy == "round-robin":
+        return RoundRobinRouter()
+    if cfg.policy == "least-load":
+        return LeastLoadRouter()
+    if cfg.policy == "session-hash":
+        return SessionHashRouter(cfg.session_load_factor)
+    metrics = SchedulingMetrics(registry)
+    services = Services(clock=clock, rng=rng or random.Random(),
+                        tracker=Tracker(clock, cfg.index_ttl_s, cfg.max_sessions), can_admit=can_admit)
+    profile = build_profile(cfg, cfg.policy, services, metrics)
+    log.info("scheduling policy %s: %s", cfg.policy, to_plain(
+        next(p for p in cfg.effective_profiles() if p.name == cfg.policy)))
+    return SchedulingRouter(cfg, profile, services, metrics)

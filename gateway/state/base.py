@@ -50,7 +50,8 @@ class StateStore(Protocol):
     async def settle(self, reservation: Reservation, actual: Mapping[str, int] | None = None) -> None:
         """End a reservation: keys in `actual` keep that amount permanently
         (until the key's TTL), all other claimed amounts are given back.
-        Idempotent: settling twice (or after expiry) changes nothing."""
+        Idempotent: settling twice (or after expiry) changes nothing. A
+        counter never goes below 0 (its key may have expired meanwhile)."""
         ...
 
     async def release(self, reservation: Reservation) -> None:
@@ -59,6 +60,13 @@ class StateStore(Protocol):
 
     async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
         """Extend a live reservation; False if it already expired."""
+        ...
+
+    async def put(self, key: str, value: int, key_ttl_s: float | None = None, *,
+                  only_if_absent: bool = False) -> int:
+        """Set a plain value (e.g. a session's first/last-seen time); with
+        `only_if_absent`, keep an existing value. Refreshes the key's TTL
+        either way and returns the value now stored."""
         ...
 
     async def get(self, keys: Sequence[str]) -> list[int]:

@@ -58,6 +58,18 @@ class MemoryStateStore:
         heapq.heappush(self._expiry_heap, (expires, reservation.id))
         return True
 
+    async def put(self, key: str, value: int, key_ttl_s: float | None = None, *,
+                  only_if_absent: bool = False) -> int:
+        self._sweep()
+        self._value(key)  # drops the key if it expired
+        if not (only_if_absent and key in self._values):
+            self._values[key] = value
+        if key_ttl_s is not None:
+            self._key_expiry[key] = self._clock() + key_ttl_s
+        else:
+            self._key_expiry.pop(key, None)
+        return self._values[key]
+
     async def get(self, keys: Sequence[str]) -> list[int]:
         self._sweep()
         return [self._value(k) for k in keys]
@@ -76,7 +88,8 @@ class MemoryStateStore:
         now = self._clock()
         for c in live[0].claims:
             keep = actual.get(c.key, 0)
-            self._add(c.key, keep - c.amount, c.key_ttl_s, now)
+            delta = max(keep - c.amount, -self._value(c.key))  # never below 0
+            self._add(c.key, delta, c.key_ttl_s, now)
 
     def _value(self, key: str) -> int:
         expiry = self._key_expiry.get(key)
@@ -100,7 +113,7 @@ class MemoryStateStore:
         for _ in range(_SWEEP_BATCH):
             if not heap or heap[0][0] > now:
                 return
-            expires, res_id = heapq.heappop(heap)
+            _expires, res_id = heapq.heappop(heap)
             live = self._live.get(res_id)
             if live is not None and live[1] <= now:
                 self._finish(res_id, {})

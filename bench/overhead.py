@@ -1,0 +1,237 @@
+"""Gateway overhead: the same load direct to a zero-delay upstream, through
+the gateway, and (when installed) through vllm-router, in one run.
+
+    .venv/bin/python -m bench.overhead [--quick] [--concurrency 1,32,256]
+        [--vllm-router PATH] [--gateway-uvloop] [--out bench/results]
+
+Every server runs in its own process on 127.0.0.1; the load generator is
+this process (aiohttp on uvloop). For every scenario (small / ~400 KB agent
+body non-streaming, 200-chunk streaming) × concurrency, the targets run
+back to back, so ratios come from one run. Proxy CPU is utime+stime of the
+proxy's process tree from /proc/<pid>/stat over the measured window only.
+Writes overhead.json and overhead.md to --out. See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen import agent_body, make_session, run_load, small_body
+from bench.manifest import manifest
+from bench.overhead_report import markdown, row_from, summarize
+from bench.procs import Proc, self_cpu_seconds, tree_cpu_seconds, wait_http_ok
+from gateway.serving import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+STREAM_CHUNKS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    body: bytes
+    stream: bool
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    url: str
+    proc: Proc | None  # the proxy process whose CPU is measured (None: direct)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    warmup_s: float
+    measure_s: float
+    grace_s: float
+    max_requests: int
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--quick", action="store_true", help="short run (~1.5 minutes)")
+    p.add_argument("--concurrency", default="1,32,256")
+    p.add_argument("--vllm-router", default=None,
+                   help="vllm-router binary (default: `vllm-router` on PATH, else skipped)")
+    p.add_argument("--gateway-uvloop", action="store_true",
+                   help="add a row: the same gateway app served on uvloop (bench/gateway_proc.py --loop uvloop)")
+    p.add_argument("--measure-s", type=float, default=None, help="override seconds per measurement")
+    args = p.parse_args(argv)
+    args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if not args.concurrency_list or min(args.concurrency_list) < 1 or max(args.concurrency_list) > 1024:
+        p.error("--concurrency: comma-separated integers in 1..1024")
+    return args
+
+
+def _budget(args: argparse.Namespace) -> Budget:
+    measure = args.measure_s or (1.5 if args.quick else 5.0)
+    return Budget(warmup_s=0.3 if args.quick else 1.0, measure_s=measure,
+                  grace_s=3.0 if args.quick else 8.0, max_requests=50_000)
+
+
+def _find_router(flag: str | None) -> str | None:
+    if flag:
+        return flag if Path(flag).exists() or shutil.which(flag) else None
+    return shutil.which("vllm-router")
+
+
+def _start_servers(args: argparse.Namespace, logs: Path, router_bin: str | None,
+                   procs: list[Proc]) -> list[Target]:
+    """Start upstream, gateway(s), router; every started process is appended to
+    `procs` first, so the caller can stop it whatever happens next."""
+    up_port = free_port()
+    up_argv = [sys.executable, "-m", "bench.zero_upstream", "--port", str(up_port),
+               "--chunks", str(STREAM_CHUNKS)]
+    upstream = _spawn(procs, Proc("upstream", up_argv, logs / "upstream.log"))
+    up_url = f"http://127.0.0.1:{up_port}"
+    wait_http_ok(up_url + "/health", upstream, 30)
+    targets = [Target("direct", up_url, None)]
+    launcher = [sys.executable, "-m", "bench.gateway_proc"]
+    targets.append(_start_gateway("gateway", _gateway_argv(args), up_url, logs, procs))
+    if args.gateway_uvloop:
+        targets.append(_start_gateway("gateway-uvloop", [*launcher, "--loop", "uvloop"], up_url, logs, procs))
+    if router_bin:
+        port, prom = free_port(), free_port()
+        router = _spawn(procs, Proc("vllm-router", [
+            router_bin, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", up_url,
+            "--policy", "round_robin", "--disable-retries", "--disable-circuit-breaker",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+            "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "30",
+            "--health-check-interval-secs", "60"], logs / "vllm-router.log"))
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ok(url + "/health", router, 40)
+        targets.append(Target("vllm-router", url, router))
+    return targets
+
+
+def _gateway_argv(args: argparse.Namespace) -> list[str]:
+    """`gateway serve` if the CLI starts; else the equivalent bench launcher."""
+    gw_bin = str(Path(sys.executable).parent / "gateway")
+    try:
+        ok = subprocess.run([gw_bin, "serve", "--help"], capture_output=True, timeout=30,
+                            check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if ok:
+        args.gateway_launcher = "gateway serve"
+        return [gw_bin, "serve"]
+    print("note: `gateway serve --help` failed; running the same app via bench/gateway_proc.py", flush=True)
+    args.gateway_launcher = "bench.gateway_proc --loop asyncio"
+    return [sys.executable, "-m", "bench.gateway_proc", "--loop", "asyncio"]
+
+
+def _start_gateway(name: str, argv: list[str], up_url: str, logs: Path, procs: list[Proc]) -> Target:
+    port, admin = free_port(), free_port()
+    proc = _spawn(procs, Proc(name, [*argv, "--replica", f"vllm={up_url}", "--port", str(port),
+                              "--admin-port", str(admin)], logs / f"{name}.log"))
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(url + "/readyz", proc, 40)
+    return Target(name, url, proc)
+
+
+def _spawn(procs: list[Proc], proc: Proc) -> Proc:
+    procs.append(proc)
+    return proc.start(ROOT)
+
+
+async def _measure(target: Target, sc: Scenario, budget: Budget, upstream: Proc) -> dict[str, Any]:
+    url = target.url + "/v1/chat/completions"
+    async with make_session(max(64, sc.concurrency * 2)) as session:
+        warm_n = max(sc.concurrency, 20)
+        await run_load(session, url, sc.body, sc.stream, sc.concurrency, warm_n, budget.warmup_s,
+                       budget.grace_s)
+        before = _cpu_snapshot(target, upstream)
+        res = await run_load(session, url, sc.body, sc.stream, sc.concurrency,
+                             budget.max_requests, budget.measure_s, budget.grace_s)
+        after = _cpu_snapshot(target, upstream)
+    if res.unfinished:
+        await asyncio.sleep(1.0)  # let the proxy finish aborting before the next cell
+    cpu = {k: after[k] - before[k] for k in after}
+    return row_from(target.name, sc.name, sc.concurrency, sc.stream, res, cpu)
+
+
+def _cpu_snapshot(target: Target, upstream: Proc) -> dict[str, float]:
+    snap = {"client": self_cpu_seconds(), "upstream": tree_cpu_seconds(upstream.pid)}
+    snap["proxy"] = tree_cpu_seconds(target.proc.pid) if target.proc is not None else 0.0
+    return snap
+
+
+async def _run_all(args: argparse.Namespace, targets: list[Target], upstream: Proc) -> list[dict[str, Any]]:
+    budget = _budget(args)
+    kinds = [("small", small_body(False), False), ("agent400k", agent_body(), False),
+             ("stream200", small_body(True), True)]
+    rows: list[dict[str, Any]] = []
+    for name, body, stream in kinds:
+        for conc in args.concurrency_list:
+            sc = Scenario(name, body, stream, conc)
+            for target in targets:
+                if target.proc is not None and not target.proc.alive():
+                    raise RuntimeError(f"{target.name} died:\n{target.proc.log_tail()}")
+                row = await _measure(target, sc, budget, upstream)
+                rows.append(row)
+                print(f"{name:10s} c={conc:<4d} {target.name:14s} {row['rps']:9.1f} req/s  "
+                      f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  "
+                      f"proxy {row['proxy_cpu_us_per_req']} us/req  errors {row['errors']}  "
+                      f"unfinished {row['unfinished']}", flush=True)
+    return rows
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # so `finally` stops every server we started
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    args = _parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    router_bin = _find_router(args.vllm_router)
+    if router_bin is None:
+        print("note: vllm-router not found (--vllm-router PATH or on PATH); skipping its reference row",
+              flush=True)
+    started = time.time()
+    logs = Path(tempfile.mkdtemp(prefix="overhead-logs-"))
+    procs: list[Proc] = []
+    try:
+        targets = _start_servers(args, logs, router_bin, procs)
+        upstream = procs[0]
+        meta = manifest(args, router_bin, {t.name: t.url for t in targets})
+        _install_uvloop()
+        rows = asyncio.run(_run_all(args, targets, upstream))
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    meta["duration_s"] = round(time.time() - started, 1)
+    meta["server_logs"] = str(logs)
+    result = {"manifest": meta, "rows": rows, "summary": summarize(rows)}
+    (out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "overhead.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {out / 'overhead.json'} and {out / 'overhead.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""Deadlines: parse the client's deadline headers, resolve the effective
+deadline and per-request timeouts, and enforce them around the exchange.
+
+Sources (all converted to `time.monotonic()` instants at receipt):
+
+- `X-Request-Deadline`: absolute, Unix seconds (`1767225600.25`) or RFC 3339
+  (`2026-01-01T00:00:00Z`, an offset is required).
+- `X-Request-Timeout`: relative seconds.
+- `X-Stainless-Timeout` (openai-node) / `X-Stainless-Read-Timeout`
+  (openai-python): the SDK's own client timeout. Both SDKs stop the clock
+  once response headers arrive, and openai-python's read timeout then
+  bounds every gap between chunks. So the client timeout bounds the time to
+  the *response start* (the whole exchange for a non-streaming request, the
+  queue wait and prefill for a stream) and the idle gap of a stream; it
+  does not cut a stream whose tokens keep flowing.
+- The task policy's default (`ctx.timeouts.total_s`, used when the client
+  states no explicit deadline) and maximum (`ctx.deadline_max_s`).
+- The session's deadline (`ctx.session_deadline`, an agent chain's wall-time
+  budget).
+
+Malformed headers are a 400 naming the header (`param`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gateway.config import GatewayConfig, TimeoutsConfig
+from gateway.context import RequestContext
+from gateway.errors import BadRequest, DeadlineExceeded
+
+Clock = Callable[[], float]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+DEADLINE_HEADER = "x-request-deadline"
+TIMEOUT_HEADER = "x-request-timeout"
+CLIENT_TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
+#: Sources after which a retry cannot help: the instant is fixed.
+ABSOLUTE_SOURCES = frozenset({DEADLINE_HEADER, "session"})
+
+
+class InvalidDeadlineHeader(BadRequest):
+    code = "invalid_deadline_header"
+    reason = "invalid_deadline_header"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientDeadlines:
+    """What the client asked for, as monotonic instants (None: not sent)."""
+
+    absolute: float | None = None
+    relative: float | None = None
+    client_timeout_s: float | None = None
+
+
+def parse_headers(headers: Mapping[str, str], received_at: float,
+                  wall: Clock = time.time, mono: Clock = time.monotonic) -> ClientDeadlines:
+    """Parse the deadline headers of a request (raises `InvalidDeadlineHeader`)."""
+    absolute = None
+    raw = headers.get(DEADLINE_HEADER)
+    if raw is not None:
+        absolute = mono() + (_parse_instant(raw) - wall())
+    relative = None
+    raw = headers.get(TIMEOUT_HEADER)
+    if raw is not None:
+        relative = received_at + _parse_seconds(TIMEOUT_HEADER, raw)
+    client = None
+    for name in CLIENT_TIMEOUT_HEADERS:
+        raw = headers.get(name)
+        if raw is not None:
+            value = _parse_seconds(name, raw)
+            client = value if client is None else min(client, value)
+    return ClientDeadlines(absolute, relative, client)
+
+
+def _parse_instant(raw: str) -> float:
+    text = raw.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = _parse_rfc3339(text)
+    if not math.isfinite(value) or value < 0:
+        raise _bad(DEADLINE_HEADER, raw, "Unix seconds or an RFC 3339 timestamp with an offset")
+    return value
+
+
+def _parse_rfc3339(text: str) -> float:
+    try:
+        parsed = datetime.fromisoformat(text.upper())  # RFC 3339 allows "t" and "z"
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise _bad(DEADLINE_HEADER, text, "Unix seconds or an RFC 3339 timestamp with an offset")
+    return parsed.timestamp()
+
+
+def _parse_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise _bad(name, raw, "a positive number of seconds")
+    return value
+
+
+def _bad(name: str, raw: str, expected: str) -> InvalidDeadlineHeader:
+    shown = raw if len(raw) <= 64 else raw[:64] + "..."
+    canonical = "-".join(part.capitalize() for part in name.split("-"))
+    return InvalidDeadlineHeader(f"Invalid {canonical} header {shown!r}: expected {expected}.", param=name)
+
+
+def resolve(ctx: RequestContext, cfg: GatewayConfig) -> None:
+    """Set `ctx.deadline` (+ `deadline_source`), `ctx.start_deadline` and `ctx.timeouts`.
+
+    Run after the policy stage (`ctx.policy`). A session deadline known by
+    then (`ctx.session_deadline`) is included; one found later is applied
+    with `tighten`."""
+    client = ctx.client_deadlines or ClientDeadlines()
+    base = policy_timeouts(ctx.policy, cfg.timeouts)
+    default_s, max_s = _policy_deadline(ctx.policy)
+    default_s = default_s if default_s is not None else base.total_s
+    cap_s = max_s if max_s is not None else max(default_s, cfg.timeouts.total_s)
+    explicit = _earliest([(client.absolute, DEADLINE_HEADER), (client.relative, TIMEOUT_HEADER)])
+    candidates: list[tuple[float | None, str]] = [
+        explicit or (ctx.received_at + default_s, "policy_default"),
+        (ctx.received_at + cap_s, "policy_max"),
+        (ctx.session_deadline, "session"),
+    ]
+    chosen = _earliest(candidates)
+    assert chosen is not None
+    ctx.deadline, ctx.deadline_source = chosen
+    if client.client_timeout_s is not None:
+        ctx.start_deadline = ctx.received_at + client.client_timeout_s
+        base = dataclasses.replace(base, idle_s=min(base.idle_s, client.client_timeout_s))
+    ctx.timeouts = base
+
+
+def policy_timeouts(policy: Any, defaults: TimeoutsConfig) -> TimeoutsConfig:
+    """Per-policy `timeouts:` (connect_s, first_byte_s, idle_s, total_s; any may be
+    omitted or None) over the config's `timeouts` section."""
+    spec = getattr(policy, "timeouts", None)
+    if spec is None:
+        return defaults
+    given = {f.name: getattr(spec, f.name, None) for f in dataclasses.fields(defaults)}
+    return dataclasses.replace(defaults, **{k: float(v) for k, v in given.items() if v is not None})
+
+
+def _policy_deadline(policy: Any) -> tuple[float | None, float | None]:
+    """The policy's `deadline: {default_s, max_s}` (gateway/policyset.py)."""
+    spec = getattr(policy, "deadline", None)
+    return getattr(spec, "default_s", None), getattr(spec, "max_s", None)
+
+
+def tighten(ctx: RequestContext, when: float, source: str) -> None:
+    """Move the deadline earlier (e.g. a session budget found after `resolve`),
+    rescheduling the running timer if there is one."""
+    if ctx.deadline is not None and ctx.deadline <= when:
+        return
+    ctx.deadline, ctx.deadline_source = when, source
+    timer = ctx.deadline_timer
+    if timer is not None:
+        timer.reschedule(_loop_time(timer_deadline(ctx)[0]))
+
+
+def _loop_time(when: float) -> float:
+    return asyncio.get_running_loop().time() + (when - time.monotonic())
+
+
+def _earliest(items: Sequence[tuple[float | None, str]]) -> tuple[float, str] | None:
+    present = [(when, src) for when, src in items if when is not None]
+    return min(present, key=lambda item: item[0]) if present else None
+
+
+def timer_deadline(ctx: RequestContext) -> tuple[float, str]:
+    """The instant the exchange must stop now, and why."""
+    assert ctx.deadline is not None
+    if ctx.start_deadline is not None and not ctx.response_started and ctx.start_deadline < ctx.deadline:
+        return ctx.start_deadline, "x-stainless-timeout"
+    return ctx.deadline, ctx.deadline_source
+
+
+def upstream_deadline_header(ctx: RequestContext, wall: Clock = time.time,
+                             mono: Clock = time.monotonic) -> str:
+    """The absolute `X-Request-Deadline` (Unix seconds) to forward upstream.
+
+    A stream must finish by the total deadline; a non-streaming exchange must
+    also finish before the client gives up waiting for the response start."""
+    assert ctx.deadline is not None
+    when = ctx.deadline
+    req = ctx.request
+    if ctx.start_deadline is not None and req is not None and not req.stream:
+        when = min(when, ctx.start_deadline)
+    return f"{wall() + (when - mono()):.3f}"
+
+
+def deadline_error(ctx: RequestContext, source: str) -> DeadlineExceeded:
+    err = DeadlineExceeded(f"The request did not finish within its deadline ({source}); stage: {ctx.stage}.")
+    if source in ABSOLUTE_SOURCES:
+        # The instant is fixed: an automatic retry (the SDKs retry 5xx) cannot succeed.
+        err.should_retry = False
+    return err
+
+
+@asynccontextmanager
+async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
+    """Bound the body of the block by the request's deadline.
+
+    Yields the `send` to use inside: it moves the timer from the
+    response-start deadline (client timeout) to the total deadline once the
+    response starts. On expiry the block is cancelled (closing the upstream
+    connection) and `DeadlineExceeded` is raised."""
+    when, _ = timer_deadline(ctx)
+    try:
+        async with asyncio.timeout_at(_loop_time(when)) as timer:
+            ctx.deadline_timer = timer
+
+            async def timed_send(message: MutableMapping[str, Any]) -> None:
+                await send(message)
+                if message["type"] == "http.response.start" and not ctx.response_started:
+                    ctx.response_started = True
+                    timer.reschedule(_loop_time(timer_deadline(ctx)[0]))
+
+            yield timed_send
+    except TimeoutError:
+        if not timer.expired():
+            raise
+        raise deadline_error(ctx, timer_deadline(ctx)[1]) from None
+    finally:
+        ctx.deadline_timer = None

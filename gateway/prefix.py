@@ -1,0 +1,125 @@
+"""Prompt → chained block hashes, and a per-replica index of recent prefixes.
+
+The prompt is rendered canonically (`protocol.prompt_parts`: tools, then each
+message's role and content parts in order; a completions prompt as is),
+encoded as UTF-8 and cut into fixed-size byte blocks. Block `i` hashes as
+`h_i = xxh3_64(block_i, seed=h_{i-1})`, with `h_{-1}` derived from the model
+name and the body's `cache_salt`. A hash therefore names a whole prefix: two
+prompts share `h_i` exactly when they share the first `i + 1` blocks, model
+and salt. Only full blocks are hashed (engines cache full blocks only).
+
+`PrefixIndex` remembers which hashes were recently sent to one replica (LRU
+bounded by the replica's KV capacity in blocks, entries expiring after a
+TTL). Inserting a chain tail-first keeps the head most recently used, so
+eviction removes tails before heads, as engines do, and the set of live
+hashes of one chain stays prefix-closed: the longest cached prefix is found
+by binary search.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+_SEP = "\x1f"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixBlocks:
+    """One prompt's chained block hashes and its size."""
+
+    hashes: tuple[int, ...]
+    prompt_bytes: int
+    block_bytes: int
+    #: Hash of the prompt's first bytes (up to 4 blocks): a tie-break key for short prompts too.
+    head: int = 0
+
+    @property
+    def hashed_bytes(self) -> int:
+        return len(self.hashes) * self.block_bytes
+
+
+def render(parts: Iterable[str]) -> bytes:
+    """Canonical bytes of a prompt given its parts (separator keeps part boundaries)."""
+    return _SEP.join(parts).encode("utf-8", "surrogatepass")
+
+
+def seed_of(model: str | None, cache_salt: str | None) -> int:
+    key = f"{model or ''}\x00{cache_salt or ''}".encode("utf-8", "surrogatepass")
+    return xxhash.xxh3_64_intdigest(key)
+
+
+def chain_hashes(data: bytes, block_bytes: int, seed: int) -> tuple[int, ...]:
+    """`h_i = xxh3_64(block_i, seed=h_{i-1})` over the full blocks of `data`."""
+    digest = xxhash.xxh3_64_intdigest
+    view = memoryview(data)
+    out: list[int] = []
+    h = seed
+    for start in range(0, len(data) - block_bytes + 1, block_bytes):
+        h = digest(view[start:start + block_bytes], h)
+        out.append(h)
+    return tuple(out)
+
+
+def prefix_blocks(parts: Iterable[str], model: str | None, cache_salt: str | None,
+                  block_bytes: int) -> PrefixBlocks:
+    data = render(parts)
+    seed = seed_of(model, cache_salt)
+    head = xxhash.xxh3_64_intdigest(memoryview(data)[:4 * block_bytes], seed)
+    return PrefixBlocks(chain_hashes(data, block_bytes, seed), len(data), block_bytes, head)
+
+
+class PrefixIndex:
+    """Recently routed block hashes of one replica: bounded LRU with expiry."""
+
+    def __init__(self, capacity_blocks: int, ttl_s: float, clock: Callable[[], float]) -> None:
+        self.capacity_blocks = max(1, capacity_blocks)
+        self._ttl = ttl_s
+        self._clock = clock
+        self._entries: OrderedDict[int, float] = OrderedDict()  # hash → expiry, oldest first
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def resize(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = max(1, capacity_blocks)
+        self._evict(self._clock())
+
+    def insert(self, hashes: Sequence[int]) -> None:
+        """Remember a routed chain (tail first, so the head is evicted last)."""
+        now = self._clock()
+        expiry = now + self._ttl
+        entries = self._entries
+        for h in hashes[:self.capacity_blocks][::-1]:
+            entries[h] = expiry
+            entries.move_to_end(h)
+        self._evict(now)
+
+    def matched_blocks(self, hashes: Sequence[int]) -> int:
+        """Number of leading blocks of `hashes` present (binary search: prefix-closed)."""
+        now = self._clock()
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._live(hashes[mid - 1], now):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _live(self, h: int, now: float) -> bool:
+        expiry = self._entries.get(h)
+        return expiry is not None and expiry > now
+
+    def _evict(self, now: float) -> None:
+        entries = self._entries
+        while len(entries) > self.capacity_blocks:
+            entries.popitem(last=False)
+        while entries:
+            h, expiry = next(iter(entries.items()))
+            if expiry > now:
+                break
+            del entries[h]

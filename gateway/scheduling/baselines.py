@@ -1,0 +1,58 @@
+"""Baseline routers for comparison, selectable as `scheduling.policy`:
+`round-robin`, `least-load`, `session-hash` (bounded-load consistent hashing
+of the session key; least-load without one)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from gateway.scheduling.hashing import bounded_load_choice
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.replicas import Replica
+
+
+def _least_load(candidates: list[Replica]) -> list[Replica]:
+    return sorted(candidates, key=lambda r: (r.in_flight / r.config.weight, -r.config.weight))
+
+
+class RoundRobinRouter:
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+        if not candidates:
+            return []
+        start = next(self._counter) % len(candidates)
+        return candidates[start:] + candidates[:start]
+
+    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
+        return None
+
+
+class LeastLoadRouter:
+    """Fewest in-flight requests per unit weight first; ties by weight, then config order."""
+
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+        return _least_load(candidates)
+
+    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
+        return None
+
+
+class SessionHashRouter:
+    def __init__(self, load_factor: float) -> None:
+        self._factor = load_factor
+
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+        key = ctx.session_key
+        if not key or not candidates:
+            return _least_load(candidates)
+        loads = [float(r.in_flight) for r in candidates]
+        first = bounded_load_choice(key, candidates, loads, self._factor)
+        return [first] + [r for r in _least_load(candidates) if r is not first]
+
+    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
+        return None

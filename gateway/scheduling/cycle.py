@@ -1,0 +1,98 @@
+"""Per-request facts computed once and shared by every plugin of a profile:
+prefix blocks, matched tokens per replica, load views, hot spots, the
+session's target replica and the tie-break key."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.prefix import PrefixBlocks
+from gateway.scheduling.state import EngineView
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.replicas import Replica
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """One replica's load in token units (max of the engine's and our own view)."""
+
+    in_flight: int
+    waiting: int
+    backlog_tokens: int
+    kv_used_tokens: int
+    capacity_tokens: int
+    prefill_rate: float
+    engine: EngineView
+
+    @property
+    def kv_fraction(self) -> float:
+        return self.kv_used_tokens / self.capacity_tokens if self.capacity_tokens else 0.0
+
+
+@dataclass(slots=True)
+class Cycle:
+    ctx: RequestContext
+    blocks: PrefixBlocks
+    prompt_tokens: int
+    loads: dict[str, Load]
+    matched_blocks: dict[str, int]
+    hot: frozenset[str] = frozenset()
+    session_target: str | None = None
+    tie_key: str = ""
+    weight_total: float = 1.0
+    notes: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def tokens_per_block(self) -> float:
+        if not self.blocks.prompt_bytes:
+            return 0.0
+        return self.prompt_tokens * self.blocks.block_bytes / self.blocks.prompt_bytes
+
+    def matched_tokens(self, replica: Replica) -> int:
+        """Tokens expected cached on the replica; 0 on a hot replica (it lost affinity)."""
+        if replica.name in self.hot:
+            return 0
+        return self.indexed_tokens(replica)
+
+    def indexed_tokens(self, replica: Replica) -> int:
+        """Tokens of the prompt the prefix index holds for the replica (hot or not)."""
+        blocks = self.matched_blocks.get(replica.name, 0)
+        return min(self.prompt_tokens, round(blocks * self.tokens_per_block))
+
+    def uncached_tokens(self, replica: Replica) -> int:
+        return self.prompt_tokens - self.matched_tokens(replica)
+
+    def load(self, replica: Replica) -> Load:
+        return self.loads[replica.name]
+
+
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """Far above the others: at least `absolute` AND at least `ratio` × the others' mean."""
+
+    absolute: float
+    ratio: float
+
+
+def find_hot(loads: Sequence[tuple[str, Load]], backlog: Threshold, in_flight: Threshold,
+             kv: Threshold) -> frozenset[str]:
+    """Replicas whose queued prefill work, requests in flight or KV use is far
+    above the others'. A hot replica loses cache and session affinity."""
+    if len(loads) < 2:
+        return frozenset()
+    measures = (
+        (backlog, [float(load.backlog_tokens) for _, load in loads]),
+        (in_flight, [float(load.in_flight) for _, load in loads]),
+        (kv, [load.kv_fraction for _, load in loads]),
+    )
+    hot: set[str] = set()
+    for threshold, values in measures:
+        total, others = sum(values), len(values) - 1
+        for (name, _), value in zip(loads, values, strict=True):
+            if value >= threshold.absolute and value >= threshold.ratio * (total - value) / others:
+                hot.add(name)
+    return frozenset(hot)

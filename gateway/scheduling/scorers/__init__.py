@@ -1,0 +1,1 @@
+"""Built-in scorers, one module each (type constant, parameters, factory, class)."""

@@ -1,0 +1,53 @@
+"""`estimated-ttft`: time to first token in token units.
+
+    ttft(r) = (prefill work queued on r + this request's uncached tokens on r) / prefill rate of r
+
+The replica with the least estimate scores 1, the others `(best + s) / (t + s)`
+where `s = smoothing_tokens / mean rate` keeps tiny differences from mattering.
+This one scorer already trades cache affinity against load."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from gateway.scheduling.interfaces import Services, ratio_to_best
+
+if TYPE_CHECKING:
+    from gateway.replicas import Replica
+    from gateway.scheduling.cycle import Cycle
+
+TYPE = "estimated-ttft"
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    smoothing_tokens: float = 8192.0
+
+    def __post_init__(self) -> None:
+        if not self.smoothing_tokens > 0:
+            raise ValueError(f"smoothing_tokens must be > 0, got {self.smoothing_tokens}")
+
+
+def estimate_s(cycle: Cycle, replica: Replica) -> float:
+    load = cycle.load(replica)
+    return (load.backlog_tokens + cycle.uncached_tokens(replica)) / load.prefill_rate
+
+
+class EstimatedTTFTScorer:
+    kind: ClassVar[str] = "scorer"
+
+    def __init__(self, params: Params) -> None:
+        self._smoothing = params.smoothing_tokens
+
+    def score(self, cycle: Cycle, candidates: Sequence[Replica]) -> list[float]:
+        if not candidates:
+            return []
+        estimates = [estimate_s(cycle, r) for r in candidates]
+        mean_rate = sum(cycle.load(r).prefill_rate for r in candidates) / len(candidates)
+        return ratio_to_best(estimates, self._smoothing / mean_rate)
+
+
+def factory(params: Params, services: Services) -> EstimatedTTFTScorer:
+    return EstimatedTTFTScorer(params)

@@ -1,0 +1,73 @@
+"""llama.cpp slot pinning: one session keeps one slot of one replica.
+
+llama.cpp reuses a slot's prompt cache only when the request lands in that
+slot. While the slot assigned to a session is free (no request of ours runs
+in it, and `/slots` does not say it is processing), the request carries
+`id_slot`; otherwise the engine chooses. A slot belongs to at most one
+session per replica; a new session takes a free unowned slot, else the free
+slot of the least recently served session. The client's own `id_slot` is
+never overridden.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from gateway.scheduling.state import EngineView
+from gateway.scheduling.tracker import Tracker
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.replicas import Replica
+
+_MARK = "id_slot_by_gateway"
+
+
+class SlotPinner:
+    def __init__(self, default_slots: int | None) -> None:
+        self._default = default_slots
+        self._owners: dict[str, OrderedDict[str, int]] = {}  # replica → session → slot, LRU first
+
+    def apply(self, ctx: RequestContext, replica: Replica, view: EngineView, tracker: Tracker) -> int | None:
+        """Set (or clear) the gateway's `id_slot` in the body; return the slot set."""
+        assert ctx.request is not None
+        body = ctx.request.body
+        if ctx.notes.pop(_MARK, False):
+            body.pop("id_slot", None)  # an earlier attempt on another replica
+        key = ctx.session_key
+        if replica.kind != "llamacpp" or not key or "id_slot" in body:
+            return None
+        count = len(view.slots_busy) if view.slots_busy else self._default
+        if not count:
+            return None
+        busy = {r.slot for r in tracker.outstanding(replica.name) if r.slot is not None and r.ctx is not ctx}
+        busy |= {i for i, b in enumerate(view.slots_busy or ()) if b}
+        slot = self._choose(replica.name, key, count, busy)
+        if slot is not None:
+            body["id_slot"] = slot
+            ctx.notes[_MARK] = True
+        return slot
+
+    def _choose(self, replica: str, key: str, count: int, busy: set[int]) -> int | None:
+        owners = self._owners.setdefault(replica, OrderedDict())
+        slot = owners.get(key)
+        if slot is not None and slot < count:
+            if slot in busy:
+                return None
+            owners.move_to_end(key)
+            return slot
+        owners.pop(key, None)
+        owned = {s: k for k, s in owners.items()}
+        free = [i for i in range(count) if i not in busy]
+        unowned = [i for i in free if i not in owned]
+        if unowned:
+            slot = unowned[0]
+        else:
+            lru = [s for s in owners.values() if s in free]
+            if not lru:
+                return None
+            slot = lru[0]
+            del owners[owned[slot]]
+        owners[key] = slot
+        return slot

@@ -1,0 +1,99 @@
+"""The router's own bookkeeping: requests it routed that are still running,
+and the replica each session went to last.
+
+A routed request stays outstanding on its replica until the pipeline
+settles it (`ctx.finished_at`) or retries it elsewhere (`ctx.replica`
+changes); it counts as queued prefill work until its first byte was sent.
+Entries are pruned lazily whenever a replica's list is read, so the lists
+are bounded by the requests in flight. This view complements the engine's
+(`state.engine_view`), which may lag or be absent.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+
+
+@dataclass(slots=True, eq=False)
+class Routed:
+    ctx: RequestContext
+    replica: str
+    kv_tokens: int
+    uncached_tokens: int
+    slot: int | None = None
+
+    @property
+    def active(self) -> bool:
+        r = self.ctx.replica
+        return self.ctx.finished_at is None and r is not None and r.name == self.replica
+
+    @property
+    def prefilling(self) -> bool:
+        return self.active and self.ctx.first_byte_at is None
+
+
+class Tracker:
+    def __init__(self, clock: Callable[[], float], session_ttl_s: float, max_sessions: int) -> None:
+        self._clock = clock
+        self._ttl = session_ttl_s
+        self._max_sessions = max_sessions
+        self._routed: dict[str, list[Routed]] = {}
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._session_counts: Counter[str] = Counter()
+
+    def add(self, routed: Routed) -> None:
+        self._routed.setdefault(routed.replica, []).append(routed)
+
+    def outstanding(self, replica: str) -> list[Routed]:
+        items = self._routed.get(replica)
+        if not items:
+            return []
+        live = [r for r in items if r.active]
+        if len(live) != len(items):
+            self._routed[replica] = live
+        return live
+
+    def backlog_tokens(self, replica: str) -> int:
+        return sum(r.uncached_tokens for r in self.outstanding(replica) if r.prefilling)
+
+    def kv_tokens(self, replica: str) -> int:
+        return sum(r.kv_tokens for r in self.outstanding(replica))
+
+    def session_replica(self, key: str) -> str | None:
+        entry = self._sessions.get(key)
+        if entry is None:
+            return None
+        if entry[1] <= self._clock():
+            self._forget(key)
+            return None
+        return entry[0]
+
+    def session_counts(self) -> Counter[str]:
+        """Live sessions per replica (bounded-load placement of new sessions)."""
+        return self._session_counts
+
+    def remember_session(self, key: str, replica: str) -> None:
+        now = self._clock()
+        if key in self._sessions:
+            self._forget(key)
+        self._sessions[key] = (replica, now + self._ttl)
+        self._session_counts[replica] += 1
+        while len(self._sessions) > self._max_sessions:
+            self._forget(next(iter(self._sessions)))
+        while self._sessions:
+            oldest = next(iter(self._sessions))
+            if self._sessions[oldest][1] > now:
+                break
+            self._forget(oldest)
+
+    def _forget(self, key: str) -> None:
+        replica, _ = self._sessions.pop(key)
+        self._session_counts[replica] -= 1
+        if self._session_counts[replica] <= 0:
+            del self._session_counts[replica]

@@ -1,0 +1,103 @@
+"""State machine: the ledger never admits beyond a replica's capacity under any interleaving."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+
+from gateway.admission import AdmissionController
+from gateway.config import AdmissionConfig, ReplicaConfig
+from gateway.context import RequestContext
+from gateway.engines.metrics import EngineReading
+from gateway.ledger import Lease, keys
+from gateway.replicas import ReplicaRegistry
+from gateway.state import MemoryStateStore
+
+CAP = 10_000
+MAX_IN_FLIGHT = 6
+CFG = AdmissionConfig(max_in_flight=MAX_IN_FLIGHT, max_engine_waiting=None)
+
+
+def _ctx(prompt: int, output: int, cls: str) -> RequestContext:
+    ctx = RequestContext("r", "chat", "/v1/chat/completions", headers=None, received_at=0.0)  # type: ignore[arg-type]
+    ctx.prompt_tokens, ctx.output_limit, ctx.priority, ctx.deadline = prompt, output, cls, 1e9
+    return ctx
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.now = 0.0
+        self.store = MemoryStateStore(clock=lambda: self.now)
+        self.registry = ReplicaRegistry((ReplicaConfig(url="http://a:1", name="a", capacity_tokens=CAP),
+                                         ReplicaConfig(url="http://b:1", name="b", capacity_tokens=CAP // 2)))
+        for r in self.registry:
+            r.healthy = True
+        self.ctl = AdmissionController(CFG, self.registry, self.store, clock=lambda: self.now)
+        self.held: list[Lease] = []
+
+    def run(self, aw: Any) -> Any:
+        return self.loop.run_until_complete(aw)
+
+    @rule(target=leases, prompt=st.integers(1, 6000), output=st.integers(0, 3000),
+          cls=st.sampled_from(["interactive", "standard", "batch"]))
+    def reserve(self, prompt: int, output: int, cls: str) -> Any:
+        lease = self.run(self.ctl._try_ranked(_ctx(prompt, output, cls), list(self.registry), cls))
+        if lease is not None:
+            self.held.append(lease)
+        return lease
+
+    @rule(lease=consumes(leases))
+    def release(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self.run(lease.close())
+            self.held.remove(lease)
+
+    @rule(lease=leases)
+    def first_token(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self.run(lease._end_prefill())
+
+    @rule(frac=st.floats(0, 1), name=st.sampled_from(["a", "b"]))
+    def engine_reports_usage(self, frac: float, name: str) -> None:
+        replica = self.registry.get(name)
+        assert replica is not None
+        t = self.ctl.trackers[name]
+        replica.state = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=int(frac * CAP)), self.now)
+
+    @rule(dt=st.floats(0, 5))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+
+    @invariant()
+    def never_over_capacity(self) -> None:
+        for r in self.registry:
+            kv, prefill, inflight = self.run(self.store.get(keys(r.name)))
+            cap = r.config.capacity_tokens
+            assert cap is not None
+            mine = [x for x in self.held if x.replica is r]
+            assert kv == sum(x.kv_held for x in mine) <= cap
+            biggest = max((x.kv_held for x in mine), default=0)
+            assert kv <= max(int(0.92 * cap), biggest)  # over the top watermark only as a lone lease
+            assert prefill == sum(x.prefill_held for x in mine) >= 0
+            assert inflight == len(mine) == r.in_flight <= MAX_IN_FLIGHT
+            assert r.state.leased_tokens == kv and r.state.in_flight == inflight
+
+    def teardown(self) -> None:
+        for lease in list(self.held):
+            self.run(lease.close())
+        for r in self.registry:
+            assert self.run(self.store.get(keys(r.name))) == [0, 0, 0]
+        assert self.store.live_reservations == 0
+        self.loop.close()
+
+
+TestLedger = LedgerMachine.TestCase
+TestLedger.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -1,0 +1,234 @@
+"""Scheduling framework, pure logic: config validation, score bounds, pickers,
+baselines, hot spots, session placement and llama.cpp slot pinning."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from starlette.datastructures import Headers
+
+from gateway.config import GatewayConfig, ReplicaConfig
+from gateway.configtools import ConfigError, decode
+from gateway.context import RequestContext
+from gateway.protocol import parse_request
+from gateway.replicas import Replica
+from gateway.scheduling.config import SchedulingConfig
+from gateway.scheduling.interfaces import clamp01
+from gateway.scheduling.registry import REGISTRY
+from gateway.scheduling.router import Router, SchedulingRouter, build_router
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replicas(n: int, kind: str = "vllm") -> list[Replica]:
+    out = []
+    for i in range(n):
+        r = Replica(ReplicaConfig(url=f"http://127.0.0.1:{9000 + i}", name=f"r{i}", kind=kind))  # type: ignore[arg-type]
+        r.healthy = True
+        out.append(r)
+    return out
+
+
+def ctx_for(text: str, session: str | None = None, **body: Any) -> RequestContext:
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}], **body}).encode()
+    ctx = RequestContext(request_id="x", endpoint="chat", path="/v1/chat/completions",
+                         headers=Headers({}), received_at=0.0)
+    ctx.request = parse_request("chat", raw)
+    ctx.session_key = session
+    return ctx
+
+
+def router(policy: str = "default", clock: Clock | None = None, **kw: Any) -> Router:
+    cfg = SchedulingConfig(policy=policy, **kw)
+    return build_router(cfg, registry=CollectorRegistry(), clock=clock or Clock(), rng=random.Random(1))
+
+
+def route(r: Router, ctx: RequestContext, cands: list[Replica]) -> Replica:
+    ranked = r.rank(ctx, cands)
+    ctx.replica = ranked[0]
+    r.on_routed(ctx, ranked[0])
+    return ranked[0]
+
+
+# --- config validation -----------------------------------------------------
+
+def decode_errors(sched: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        decode(GatewayConfig, {"scheduling": sched})
+    return str(info.value)
+
+
+def test_default_config_is_valid_and_uses_default_profile() -> None:
+    cfg = decode(GatewayConfig, {"scheduling": {}}).scheduling
+    assert cfg.policy == "default"
+    assert isinstance(build_router(cfg, registry=CollectorRegistry()), SchedulingRouter)
+
+
+@pytest.mark.parametrize(("sched", "expected"), [
+    ({"plugins": [{"name": "x", "type": "nope"}], "profiles": [{"name": "p", "picker": "x"}], "policy": "p"},
+     "plugins[0].type: unknown plugin type 'nope'"),
+    ({"plugins": [{"name": "x", "type": "max-score"}, {"name": "x", "type": "healthy"}],
+      "profiles": [{"name": "p", "picker": "x"}], "policy": "p"},
+     "plugins[1].name: duplicate plugin name 'x'"),
+    ({"profiles": [{"name": "p", "picker": "max-score", "filters": ["healthy", "ghost"]}], "policy": "p"},
+     "profiles[0].filters[1]: no plugin named 'ghost' is defined"),
+    ({"profiles": [{"name": "p", "picker": "max-score", "scorers": [{"plugin": "least-load"}]}], "policy": "p"},
+     "scheduling.profiles[0].scorers[0].weight: required key is missing"),
+    ({"profiles": [{"name": "p", "picker": "least-load"}], "policy": "p"},
+     "profiles[0].picker: plugin 'least-load' is a scorer, expected a picker"),
+    ({"profiles": [{"name": "p", "picker": "max-score"}, {"name": "p", "picker": "max-score"}], "policy": "p"},
+     "profiles[1].name: duplicate profile name 'p'"),
+    ({"plugins": [{"name": "t", "type": "estimated-ttft", "parameters": {"smoothing_tokens": "big"}}]},
+     "plugins[0].parameters.smoothing_tokens: expected a number"),
+    ({"plugins": [{"name": "t", "type": "estimated-ttft", "parameters": {"bogus": 1}}]},
+     "plugins[0].parameters.bogus: unknown key"),
+    ({"policy": "fastest"}, "policy: unknown profile or baseline 'fastest'"),
+    ({"block_bytes": 0}, "block_bytes: must be > 0"),
+    ({"hotspot": {"kv_fraction": 2.0}}, "scheduling.hotspot: kv_fraction must be in (0, 1]"),
+])
+def test_config_errors_name_the_key_path(sched: dict[str, Any], expected: str) -> None:
+    assert expected in decode_errors(sched)
+
+
+def test_every_registered_plugin_builds_with_default_parameters() -> None:
+    plugins = [{"name": name, "type": name} for name in REGISTRY]
+    scorers = [{"plugin": n, "weight": 1.0} for n, t in REGISTRY.items() if t.kind == "scorer"]
+    filters = [n for n, t in REGISTRY.items() if t.kind == "filter"]
+    for picker in (n for n, t in REGISTRY.items() if t.kind == "picker"):
+        cfg = decode(SchedulingConfig, {"plugins": plugins, "policy": "p", "profiles": [
+            {"name": "p", "picker": picker, "filters": filters, "scorers": scorers}]})
+        r = build_router(cfg, registry=CollectorRegistry(), rng=random.Random(0))
+        cands = replicas(3)
+        assert set(map(id, r.rank(ctx_for("hi"), cands))) == set(map(id, cands))
+
+
+# --- invariants ---------------------------------------------------------------
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=1, max_size=6),
+       st.text(max_size=3000), st.sampled_from([None, "s1", "s2"]),
+       st.sampled_from(["default", "round-robin", "least-load", "session-hash"]))
+@settings(max_examples=60, deadline=None)
+def test_scores_bounded_and_pick_is_a_filtered_candidate(
+        loads: list[tuple[int, bool]], text: str, session: str | None, policy: str) -> None:
+    cands = replicas(len(loads))
+    for r, (inflight, healthy) in zip(cands, loads, strict=True):
+        r.in_flight = inflight
+        r.healthy = healthy
+    rt = router(policy)
+    ctx = ctx_for(text or "x", session)
+    ranked = rt.rank(ctx, cands)
+    assert len(ranked) == len({id(x) for x in ranked})
+    assert all(x in cands for x in ranked)
+    if policy == "default":
+        assert ranked == [] or all(x.healthy for x in ranked)
+        assert isinstance(rt, SchedulingRouter)
+        cycle = ctx.notes["routing_cycle"]
+        for scorer in rt.profile.scorers:
+            assert all(0.0 <= clamp01(v) <= 1.0 for v in scorer.named.plugin.score(cycle, ranked))
+        kept = [x for x in cands if x.healthy]
+        assert {id(x) for x in ranked} == {id(x) for x in kept}
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_clamp01(value: float) -> None:
+    assert 0.0 <= clamp01(value) <= 1.0
+
+
+# --- behaviour ------------------------------------------------------------------
+
+SYSTEM = "You are a careful coding agent. " * 200  # ~6 KB shared prefix
+
+
+def test_session_turns_follow_the_prefix_index() -> None:
+    r, cands = router(), replicas(4)
+    history = SYSTEM
+    first = route(r, ctx_for(history, "agent-1"), cands)
+    for turn in range(5):
+        history += f" tool result {turn} " * 300
+        for x in cands:
+            x.in_flight = 0
+        assert route(r, ctx_for(history, None), cands) is first  # no session key: prefix alone
+
+
+def test_longer_match_wins_over_a_shared_system_prompt() -> None:
+    r, cands = router(), replicas(3)
+    a = SYSTEM + "conversation A " * 500
+    b = SYSTEM + "conversation B " * 500
+    ra = route(r, ctx_for(a), [cands[0]])
+    rb = route(r, ctx_for(b), [cands[1]])
+    assert (ra, rb) == (cands[0], cands[1])
+    assert r.rank(ctx_for(b + " more"), cands)[0] is cands[1]
+    assert r.rank(ctx_for(a + " more"), cands)[0] is cands[0]
+
+
+def test_hot_replica_loses_affinity() -> None:
+    clock = Clock()
+    r, cands = router(clock=clock, default_prefill_rate=10000.0), replicas(3)
+    base = SYSTEM + "history " * 2000
+    owner = route(r, ctx_for(base), [cands[0]])
+    # pile up prefill work on the owner: many requests that have not started yet
+    for i in range(12):
+        route(r, ctx_for(f"{i} other work " * 20000), [owner])
+    ranked = r.rank(ctx_for(base + " next"), cands)
+    assert isinstance(r, SchedulingRouter)
+    assert ranked[0] is not owner
+
+
+def test_new_sessions_spread_with_bounded_load() -> None:
+    r, cands = router(), replicas(4)
+    counts = {x.name: 0 for x in cands}
+    for s in range(80):
+        counts[route(r, ctx_for(f"hello {s}", f"session-{s}"), cands).name] += 1
+    assert max(counts.values()) <= 1.3 * 80 / 4
+
+
+def test_ties_agree_across_gateways() -> None:
+    cands = replicas(4)
+    for s in range(20):
+        picks = {router().rank(ctx_for("same prompt", f"s{s}"), cands)[0].name for _ in range(3)}
+        assert len(picks) == 1
+
+
+def test_baselines() -> None:
+    cands = replicas(3)
+    rr = router("round-robin")
+    assert [route(rr, ctx_for("x"), cands).name for _ in range(4)] == ["r0", "r1", "r2", "r0"]
+    ll = router("least-load")
+    cands[0].in_flight, cands[1].in_flight, cands[2].in_flight = 3, 1, 2
+    assert ll.rank(ctx_for("x"), cands)[0] is cands[1]
+    sh = router("session-hash")
+    picks = {sh.rank(ctx_for("x", "sess"), cands)[0].name for _ in range(5)}
+    assert len(picks) == 1
+
+
+def test_llamacpp_slot_pinning() -> None:
+    r = router(llamacpp_slots=2)
+    [replica] = replicas(1, kind="llamacpp")
+    first = ctx_for("turn 1", "s-a")
+    route(r, first, [replica])
+    assert first.request is not None and first.request.body["id_slot"] == 0
+    other = ctx_for("other", "s-b")
+    route(r, other, [replica])
+    assert other.request is not None and other.request.body["id_slot"] == 1
+    busy = ctx_for("turn 2", "s-a")  # slot 0 still busy with turn 1: engine chooses
+    route(r, busy, [replica])
+    assert busy.request is not None and "id_slot" not in busy.request.body
+    first.finished_at = busy.finished_at = 1.0
+    again = ctx_for("turn 3", "s-a")
+    route(r, again, [replica])
+    assert again.request is not None and again.request.body["id_slot"] == 0
+    own = ctx_for("turn 4", "s-a", id_slot=1)
+    route(r, own, [replica])
+    assert own.request is not None and own.request.body["id_slot"] == 1
