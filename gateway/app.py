@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admin import build_admin_app
 from gateway.admission import AdmissionController
@@ -93,7 +93,7 @@ class Gateway:
             await self.health.stop()
             await self.client.close()
 
-    def _build_public_app(self) -> Starlette:
+    def _build_public_app(self) -> PublicApp:
         routes = [
             Route("/v1/chat/completions", CompletionsEndpoint("chat", self), methods=["POST"]),
             Route("/v1/completions", CompletionsEndpoint("completions", self), methods=["POST"]),
@@ -102,7 +102,8 @@ class Gateway:
             Route("/readyz", self.readyz, methods=["GET"]),
         ]
         handlers: dict[Any, Any] = {HTTPException: _http_exception}
-        return Starlette(routes=routes, lifespan=self.lifespan, exception_handlers=handlers)
+        app = Starlette(routes=routes, lifespan=self.lifespan, exception_handlers=handlers)
+        return PublicApp(app, {"/v1/chat/completions": routes[0].app, "/v1/completions": routes[1].app})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": self.registry.models()})
@@ -125,6 +126,24 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     else:
         err = NotFound(f"Unknown path: {request.method} {request.url.path}.", status=exc.status_code)
     return error_response(err)
+
+
+class PublicApp:
+    """The public ASGI app: completion POSTs go straight to their endpoint (the
+    hot path skips Starlette's middleware and routing); everything else, and
+    the lifespan, goes through the Starlette app."""
+
+    def __init__(self, app: Starlette, fast: dict[str, ASGIApp]) -> None:
+        self.app = app
+        self._fast = fast
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self._fast.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(cfg: GatewayConfig) -> Gateway:

@@ -16,7 +16,7 @@ import yaml
 
 from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig, effective_config, load_config
 from gateway.configtools import ConfigError
-from gateway.serving import Listener, serve_all
+from gateway.serving import Listener, run, serve_all
 
 
 def _replica_arg(value: str) -> ReplicaConfig:
@@ -89,7 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                  Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
     print(f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
           f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port})", flush=True)
-    asyncio.run(_serve_reloading(gw, listeners, cfg.log_level))
+    run(_serve_reloading(gw, listeners, cfg.log_level))
     return 0
 
 

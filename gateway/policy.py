@@ -89,7 +89,7 @@ class PolicyStage:
                  metrics_registry: CollectorRegistry | None = None) -> None:
         self._cfg = cfg
         self._registry = registry
-        self._parts = LRU(cfg.tokens.cache_entries)
+        self._parts = LRU(max(65536, cfg.tokens.cache_entries))  # ~150 B per part
         self._engine = EngineCounter(client, cfg.tokens, self._parts)
         self.metrics = PolicyMetrics(metrics_registry)
         self._active = self._load()

@@ -25,6 +25,17 @@ class Listener:
     port: int
 
 
+def run(main: Any) -> None:
+    """Run the top-level coroutine on uvloop when installed (it comes with
+    uvicorn[standard]; it cuts the event loop's share of the CPU), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A currently free TCP port on `host` (tests and benchmarks only)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -49,13 +49,19 @@ class SSERelay:
         return rest
 
     def _inspect(self, complete: bytes) -> bytes:
+        """Parse only the events that mention usage or an error; keep the rest as is."""
         out: list[bytes] = []
+        dropped = False
         for event in complete.split(b"\n\n"):
             if not event:
                 continue
-            if self._observe(event):
-                out.append(event + b"\n\n")
-        return b"".join(out)
+            if (_USAGE in event or b'"error"' in event) and not self._observe(event):
+                dropped = True
+                continue
+            out.append(event)
+        if not dropped:
+            return complete
+        return b"".join(e + b"\n\n" for e in out)
 
     def _observe(self, event: bytes) -> bool:
         """Record usage/errors from one event; False if it must be dropped."""
@@ -85,13 +91,35 @@ def _data_payload(event: bytes) -> bytes | None:
     return b"\n".join(lines)
 
 
+_DECODER = json.JSONDecoder()
+
+
 def usage_from_body(body: bytes) -> dict[str, Any] | None:
-    """`usage` of a non-streaming JSON response, without altering it."""
-    if _USAGE not in body:
+    """`usage` of a non-streaming JSON response, without altering it.
+
+    Engines put `usage` near the end; decode just that object instead of the
+    whole (possibly large) body. The unescaped `"usage"` cannot occur inside a
+    JSON string, so the last match is a key; if it is not the usage object
+    (no token counts), parse the whole body instead."""
+    pos = body.rfind(_USAGE)
+    if pos < 0:
         return None
+    try:
+        rest = body[pos + len(_USAGE):].decode("utf-8").lstrip()
+        if rest[:1] == ":":
+            rest = rest[1:].lstrip()
+        value, _ = _DECODER.raw_decode(rest)
+    except (ValueError, UnicodeDecodeError):
+        value = None
+    if isinstance(value, dict) and ("total_tokens" in value or "prompt_tokens" in value):
+        return value
+    value = _full_parse_usage(body)
+    return value if isinstance(value, dict) else None
+
+
+def _full_parse_usage(body: bytes) -> Any:
     try:
         obj = json.loads(body)
     except ValueError:
         return None
-    usage = obj.get("usage") if isinstance(obj, dict) else None
-    return usage if isinstance(usage, dict) else None
+    return obj.get("usage") if isinstance(obj, dict) else None

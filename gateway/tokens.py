@@ -37,13 +37,13 @@ from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("gateway.tokens")
 
-_CACHED_PART_MIN_CHARS = 512
+_CACHED_PART_MIN_CHARS = 48  # below this, the regex costs about what hashing does
 
 
 def estimate_request(req: ParsedRequest, cache: LRU | None = None) -> int:
     """Conservative prompt tokens after the chat template would apply.
 
-    With `cache`, the estimate of each long part (a message, the tools) is
+    With `cache`, the estimate of each part that is not tiny (a message, the tools) is
     remembered by its hash: an agent re-sending its whole history only pays
     for the new turns."""
     total = 0

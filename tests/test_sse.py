@@ -63,3 +63,12 @@ def test_usage_from_non_streaming_body() -> None:
     body = json.dumps({"choices": [], "usage": {"prompt_tokens": 1}}).encode()
     assert usage_from_body(body) == {"prompt_tokens": 1}
     assert usage_from_body(b"not json with \"usage\"") is None
+
+
+def test_usage_from_body_ignores_nested_and_escaped_mentions() -> None:
+    body = json.dumps({"choices": [{"message": {"content": 'say "usage": {"x": 1}'}}],
+                       "usage": {"prompt_tokens": 4, "total_tokens": 9},
+                       "extra": {"usage": "not this"}}).encode()
+    assert usage_from_body(body) == {"prompt_tokens": 4, "total_tokens": 9}
+    spaced = b'{"usage" :  {"prompt_tokens": 2, "total_tokens": 3}}'
+    assert usage_from_body(spaced) == {"prompt_tokens": 2, "total_tokens": 3}
