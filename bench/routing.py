@@ -70,8 +70,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", default="agent,trace,unique")
     p.add_argument("--speed", type=float, default=10.0, help="simulator speed-up")
     p.add_argument("--kv-tokens", type=int, default=655360, help="KV pool per replica")
-    p.add_argument("--trace-requests", type=int, default=500)
-    p.add_argument("--trace-time-scale", type=float, default=0.5)
+    p.add_argument("--trace-requests", type=int, default=600)
+    p.add_argument("--trace-time-scale", type=float, default=1.0)
     p.add_argument("--agent-sessions", type=int, default=24)
     p.add_argument("--agent-turns", type=int, default=14)
     p.add_argument("--unique-requests", type=int, default=240)
@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_sim:
         serve_sim(args)
         return 0
+    t_start = time.monotonic()
     data, notes = build_workloads(args)
     proc, urls = start_sim(args)
     results: list[dict[str, Any]] = []
@@ -315,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         stop_sim(proc)
     setup = {"replicas": REPLICAS, "speed": args.speed, "kv_tokens_per_replica": args.kv_tokens,
              "prefill_tokens_per_s_per_replica": 16000, "admission": "off (routing only)",
-             "command": "python -m bench.routing " + " ".join(sys.argv[1:] if argv is None else argv)}
+             "command": " ".join([".venv/bin/python -m bench.routing", *(sys.argv[1:] if argv is None else argv)]),
+             "total_wall_s": round(time.monotonic() - t_start, 1)}
     write_reports(args.out, {"setup": setup, "workloads": notes, "hashing": hashing_costs(), "results": results})
     return 0
 

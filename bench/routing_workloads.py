@@ -40,27 +40,25 @@ class TraceWorkload:
 
 
 def load_trace(path: Path, limit: int, time_scale: float, max_prompt: int, max_output: int) -> TraceWorkload:
-    """The first `limit` usable requests of a Mooncake trace; block id → 512 deterministic tokens."""
+    """The last `limit` usable requests of a Mooncake trace (where its prefix reuse
+    is representative; the start of the trace is nearly cold), arrival times
+    shifted to start at 0; block id → 512 deterministic tokens."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    usable = [r for r in rows if r["input_length"] <= max_prompt]
+    window = usable[-limit:]
     blocks: dict[int, str] = {}
     out: list[OpenRequest] = []
-    skipped = 0
-    with path.open() as fh:
-        for line in fh:
-            if len(out) >= limit:
-                break
-            row = json.loads(line)
-            if row["input_length"] > max_prompt:
-                skipped += 1
-                continue
-            text = "".join(blocks.setdefault(h, words(f"block-{h}", 512)) for h in row["hash_ids"])
-            prompt = text[: 4 * row["input_length"]]
-            body = {"model": "sim-model", "prompt": prompt, "max_tokens": max(1, min(row["output_length"], max_output)),
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-            out.append(OpenRequest(row["timestamp"] / 1000.0 * time_scale, body))
+    t0 = window[0]["timestamp"] if window else 0
+    for row in window:
+        text = "".join(blocks.setdefault(h, words(f"block-{h}", 512)) for h in row["hash_ids"])
+        body = {"model": "sim-model", "prompt": text[: 4 * row["input_length"]],
+                "max_tokens": max(1, min(row["output_length"], max_output)),
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        out.append(OpenRequest((row["timestamp"] - t0) / 1000.0 * time_scale, body))
     span = out[-1].at_s if out else 0.0
-    scaling = (f"first {len(out)} requests of the trace with input <= {max_prompt} tokens ({skipped} longer ones "
-               f"skipped), arrival times x{time_scale:g} (span {span:.0f} simulated s), output capped at "
-               f"{max_output} tokens")
+    scaling = (f"last {len(out)} of the trace's {len(rows)} requests (those with input <= {max_prompt} tokens; "
+               f"{len(rows) - len(usable)} longer ones skipped), arrival times x{time_scale:g} from the first "
+               f"({span:.0f} simulated s), output capped at {max_output} tokens")
     return TraceWorkload(out, scaling)
 
 

@@ -232,3 +232,29 @@ def test_llamacpp_slot_pinning() -> None:
     own = ctx_for("turn 4", "s-a", id_slot=1)
     route(r, own, [replica])
     assert own.request is not None and own.request.body["id_slot"] == 1
+
+
+def test_one_fast_looking_replica_does_not_attract_all_work() -> None:
+    """Regression: a measured rate next to defaults (20x apart) made one replica win
+    every request while its queue grew without bound; rates are bounded around the median."""
+    from gateway.livestate import LiveState  # the admission stage's published state
+
+    r, cands = router(), replicas(4)
+    cands[0].state = LiveState(prefill_backlog_tokens=100_000, prefill_tokens_per_s=160_000.0)
+    for other in cands[1:]:
+        other.state = LiveState(prefill_backlog_tokens=0, prefill_tokens_per_s=8000.0)
+    assert r.rank(ctx_for("a new prompt " * 2000), cands)[0] is not cands[0]
+
+
+def test_engine_state_is_read_through_the_adapter() -> None:
+    from gateway.livestate import LiveState
+    from gateway.scheduling.state import engine_view
+
+    [rep] = replicas(1)
+    rep.state = LiveState(capacity_tokens=1000, used_tokens=300, leased_tokens=500, prefill_backlog_tokens=70,
+                          engine_waiting=3, prefill_tokens_per_s=1234.0)
+    view = engine_view(rep)
+    assert (view.capacity_tokens, view.used_tokens, view.backlog_tokens, view.waiting, view.prefill_rate) == (
+        1000, 500, 70, 3, 1234.0)
+    rep.state = None
+    assert engine_view(rep).backlog_tokens is None

@@ -65,6 +65,8 @@ class SchedulingConfig:
     default_capacity_tokens: int = 262144
     #: Prefill rate (tokens/s) of a replica until the engine's is measured.
     default_prefill_rate: float = 10000.0
+    #: A replica's prefill rate counts at most this many times above/below the candidates' median.
+    max_rate_spread: float = 2.0
     #: Bounded-load hashing: a new session's replica holds at most this × the mean sessions.
     session_load_factor: float = 1.15
     max_sessions: int = 100000
@@ -94,6 +96,8 @@ def _check_scalars(cfg: SchedulingConfig) -> list[str]:
                 "index_ttl_s": cfg.index_ttl_s, "default_capacity_tokens": cfg.default_capacity_tokens,
                 "default_prefill_rate": cfg.default_prefill_rate, "max_sessions": cfg.max_sessions}
     problems += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if not v > 0]
+    if cfg.max_rate_spread < 1:
+        problems.append(f"max_rate_spread: must be >= 1, got {cfg.max_rate_spread}")
     if cfg.session_load_factor < 1:
         problems.append(f"session_load_factor: must be >= 1, got {cfg.session_load_factor}")
     if cfg.llamacpp_slots is not None and cfg.llamacpp_slots < 1:

@@ -10,6 +10,7 @@ hot spots and the session's target replica.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -100,7 +101,7 @@ class SchedulingRouter:
     def cycle(self, ctx: RequestContext, candidates: list[Replica]) -> Cycle:
         blocks = self.blocks(ctx)
         prompt_tokens = ctx.prompt_tokens or round(blocks.prompt_bytes / self._cfg.chars_per_token)
-        loads = {r.name: self._load(r) for r in candidates}
+        loads = bound_rates({r.name: self._load(r) for r in candidates}, self._cfg.max_rate_spread)
         matched = {r.name: self.index(r, loads[r.name].capacity_tokens).matched_blocks(blocks.hashes)
                    for r in candidates}
         h = self._cfg.hotspot
@@ -145,6 +146,22 @@ class SchedulingRouter:
         counts = self._tracker.session_counts()
         loads = [float(counts.get(r.name, 0)) for r in candidates]
         return bounded_load_choice(key, candidates, loads, self._cfg.session_load_factor).name
+
+
+def bound_rates(loads: dict[str, Load], spread: float) -> dict[str, Load]:
+    """Keep each replica's prefill rate within `spread`× of the candidates' median.
+
+    A rate measured on one replica next to the configured default on the
+    others (or a noisy reading) would otherwise make that replica look
+    several times faster and attract every request."""
+    rates = sorted(load.prefill_rate for load in loads.values())
+    if len(rates) < 2:
+        return loads
+    median = rates[len(rates) // 2]
+    lo, hi = median / spread, median * spread
+    return {name: load if lo <= load.prefill_rate <= hi
+            else dataclasses.replace(load, prefill_rate=min(hi, max(lo, load.prefill_rate)))
+            for name, load in loads.items()}
 
 
 def build_profile(cfg: SchedulingConfig, name: str, services: Services, metrics: SchedulingMetrics) -> Profile:
