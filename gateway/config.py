@@ -48,6 +48,7 @@ class ReplicaConfig:
     weight: float = 1.0
     capacity_tokens: int | None = None
     max_model_len: int | None = None
+    upstream_streaming: Literal["auto", "always", "never"] = "auto"
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)

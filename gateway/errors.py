@@ -17,6 +17,7 @@
      ├── UpstreamError                (engine error, status kept, normalised body)
      └── UpstreamUnavailable          (502; never reached / connection failure)
           └── UpstreamNeverReached    (connect refused/timeout, 503 before body: retryable)
+               └── UpstreamStaleConnection (pooled connection closed before the body was written)
 
 Engine errors are translated at the adapter boundary (`gateway.engines`);
 everything else raises one of these, and `error_response` / `sse_error_event`
@@ -167,6 +168,17 @@ class UpstreamNeverReached(UpstreamUnavailable):
 
     code = "upstream_connect_failed"
     reason = "upstream_connect_failed"
+    retry_same_replica = False
+
+
+class UpstreamStaleConnection(UpstreamNeverReached):
+    """A pooled keep-alive connection was already closed by the engine: the
+    request body could not be written, so the engine never parsed it. The
+    same replica may be tried again on a fresh connection."""
+
+    code = "upstream_connection_closed"
+    reason = "upstream_connection_closed"
+    retry_same_replica = True
 
 
 def error_body(err: GatewayError) -> dict[str, Any]:

@@ -111,7 +111,8 @@ class Pipeline:
                     await s.forwarder.forward(ctx, lease.replica, send)
                 except UpstreamNeverReached as err:
                     self._attempt(lease.replica, "never_reached")
-                    tried.add(lease.replica.name)
+                    if not err.retry_same_replica:
+                        tried.add(lease.replica.name)
                     last = err
                     continue
                 except GatewayError:

@@ -25,6 +25,7 @@ from gateway.context import RequestContext
 from gateway.deadlines import upstream_deadline_header
 from gateway.engines import adapter_for
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
+from gateway.reassemble import StreamAssembler
 from gateway.replicas import Replica
 from gateway.sse import SSERelay, usage_from_body
 from gateway.upstream import UpstreamClient, UpstreamResponse
@@ -35,6 +36,11 @@ T = TypeVar("T")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 FORWARDED_CLIENT_HEADERS = ("accept", "user-agent", "traceparent", "tracestate", "baggage")
 SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+def _stream_upstream(replica: Replica, engine_default: bool) -> bool:
+    mode = replica.config.upstream_streaming
+    return engine_default if mode == "auto" else mode == "always"
 
 
 async def _timed(aw: Awaitable[T], seconds: float, what: str) -> T:
@@ -63,13 +69,15 @@ class Forwarder:
         headers.update(replica.auth_headers())
         return headers
 
-    def upstream_body(self, ctx: RequestContext) -> tuple[bytes, bool]:
+    def upstream_body(self, ctx: RequestContext, upstream_stream: bool = False) -> tuple[bytes, bool]:
         """The body to send, and whether the gateway added `include_usage` itself."""
         req = ctx.request
         assert req is not None
         body = req.body
         injected = False
-        if req.stream and not req.client_wants_usage:
+        if upstream_stream and not req.stream:
+            body = {**body, "stream": True}
+        if (req.stream or upstream_stream) and not req.client_wants_usage:
             body = dict(body)
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             injected = True
@@ -81,19 +89,25 @@ class Forwarder:
     async def forward(self, ctx: RequestContext, replica: Replica, send: Send) -> None:
         req = ctx.request
         assert req is not None
-        data, injected = self.upstream_body(ctx)
+        adapter = adapter_for(replica.kind)
+        reassemble = not req.stream and _stream_upstream(replica, adapter.stream_upstream)
+        upstream_stream = req.stream or reassemble
+        data, injected = self.upstream_body(ctx, upstream_stream)
         url = replica.url + PATHS[req.endpoint]
         timeouts = ctx.timeouts or self._cfg.timeouts
         ctx.stage = "waiting_first_byte"
         ctx.notes["upstream_sent_at"] = time.monotonic()
+        reuse = adapter.reuse_after_stream or not upstream_stream
         async with AsyncExitStack() as stack:
-            cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s)
-            head_timeout = timeouts.first_byte_s if req.stream else timeouts.total_s
+            cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
+            head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
             resp = await _timed(stack.enter_async_context(cm), head_timeout, "response headers")
             ctx.upstream_status = resp.status
             if resp.status != 200:
                 await self._raise_engine_error(ctx, replica, resp)
-            if req.stream:
+            if reassemble:
+                await self._reassemble(ctx, replica, resp, send)
+            elif req.stream:
                 await self._relay_stream(ctx, resp, send, injected)
             else:
                 await self._relay_body(ctx, resp, send)
@@ -149,6 +163,27 @@ class Forwarder:
             ctx.usage = relay.usage
             ctx.notes["sse_error"] = relay.error
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _reassemble(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse, send: Send) -> None:
+        """Non-streaming answer rebuilt from an upstream stream (see gateway.reassemble)."""
+        timeouts = ctx.timeouts or self._cfg.timeouts
+        assert ctx.request is not None
+        assembler = StreamAssembler(ctx.request.endpoint)
+        chunk = await _timed(resp.read_chunk(), timeouts.first_byte_s, "first token")
+        ctx.mark_first_byte(time.monotonic())
+        ctx.stage = "streaming"
+        while chunk:
+            assembler.feed(chunk)
+            chunk = await _timed(resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
+        ctx.usage = assembler.usage
+        if assembler.error is not None:
+            body = json.dumps({"error": assembler.error}).encode()
+            status = assembler.error.get("code")
+            raise adapter_for(replica.kind).normalize_error(status if isinstance(status, int) else 500, body)
+        body = json.dumps(assembler.body(), ensure_ascii=False, separators=(",", ":")).encode()
+        await send(self._start_message(ctx, "application/json", [], len(body)))
+        ctx.response_started = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _relay_body(self, ctx: RequestContext, resp: UpstreamResponse, send: Send) -> None:
         body = await _timed(resp.read_all(1 << 30), (ctx.timeouts or self._cfg.timeouts).idle_s, "body (idle gap)")

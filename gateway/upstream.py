@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from gateway.config import UpstreamConfig
-from gateway.errors import UpstreamNeverReached, UpstreamUnavailable
+from gateway.errors import UpstreamNeverReached, UpstreamStaleConnection, UpstreamUnavailable
 
 _MAX_SMALL_BODY = 8 * 1024 * 1024
 
@@ -29,6 +29,13 @@ class SmallResponse:
     status: int
     body: bytes
     content_type: str
+
+
+def _body_not_written(exc: aiohttp.ClientOSError) -> bool:
+    # aiohttp's only signal that the request body never left: this message
+    # (client_reqrep.write_bytes). An engine cannot act on a request whose
+    # JSON body it never received in full.
+    return "Can not write request body" in str(exc)
 
 
 class UpstreamResponse:
@@ -97,21 +104,28 @@ class UpstreamClient:
 
     @asynccontextmanager
     async def post(
-        self, url: str, headers: Mapping[str, str], data: bytes, connect_timeout: float
+        self, url: str, headers: Mapping[str, str], data: bytes, connect_timeout: float,
+        reuse: bool = True,
     ) -> AsyncIterator[UpstreamResponse]:
         """POST and yield the response once headers arrive; closes the connection
-        (the abort primitive for both engines) unless the body was fully read."""
+        (the abort primitive for both engines) unless the body was fully read.
+        `reuse=False` never returns the connection to the pool (llama.cpp closes
+        its side after every streamed response while still advertising keep-alive)."""
         timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout)
         try:
             resp = await self.session.post(url, data=data, headers=dict(headers), timeout=timeout)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise UpstreamNeverReached(f"cannot connect to upstream {url}: {exc}") from exc
+        except aiohttp.ClientOSError as exc:
+            if _body_not_written(exc):
+                raise UpstreamStaleConnection(f"upstream {url} closed the connection: {exc}") from exc
+            raise UpstreamUnavailable(f"upstream {url} failed before answering: {exc!r}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamUnavailable(f"upstream {url} failed before answering: {exc!r}") from exc
         try:
             yield UpstreamResponse(resp)
         finally:
-            if resp.content.at_eof():
+            if resp.content.at_eof() and reuse:
                 resp.release()
             else:
                 resp.close()

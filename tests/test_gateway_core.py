@@ -80,7 +80,7 @@ def test_request_id_round_trip_and_authorization_never_forwarded(
 
 
 def test_non_streaming_body_passes_through_unchanged(gw_scripted: tuple[Script, RunningGateway]) -> None:
-    script, gw = gw_scripted
+    _, gw = gw_scripted
     resp = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=30)
     assert resp.json()["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
     assert resp.headers["x-gateway-replica"]
@@ -92,9 +92,9 @@ def test_engine_errors_come_out_openai_shaped(scripted: tuple[Script, str], engi
     script, url = scripted
     script.status, script.error_body = 400, engine_body
     kind = "vllm" if engine_body is VLLM_CONTEXT_ERROR else "llamacpp"
-    with running_gateway([ReplicaConfig(url=url, kind=kind)]) as gw:
-        with pytest.raises(openai.BadRequestError) as exc:
-            gw.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
+    with running_gateway([ReplicaConfig(url=url, kind=kind)]) as gw, \
+            pytest.raises(openai.BadRequestError) as exc:
+        gw.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
     err = exc.value.body
     assert isinstance(err, dict)
     assert set(err) == {"message", "type", "param", "code"}
@@ -142,9 +142,8 @@ def test_upstream_down_is_502_or_503() -> None:
         assert httpx.get(gw.url + "/healthz", timeout=10).status_code == 200
 
 
-def test_connect_failure_after_health_is_502(scripted: tuple[Script, str]) -> None:
+def test_connect_failure_after_health_is_502() -> None:
     """A replica marked healthy that refuses the connection: 502 after trying it."""
-    script, url = scripted
     dead = f"http://127.0.0.1:{free_port()}"
     with running_gateway([ReplicaConfig(url=dead, kind="vllm")]) as gw:
         replica = gw.gateway.registry.replicas[0]
@@ -181,7 +180,7 @@ def test_unhealthy_replica_gets_no_traffic_until_it_recovers() -> None:
 
 
 def test_models_union_and_metrics(gw_scripted: tuple[Script, RunningGateway]) -> None:
-    script, gw = gw_scripted
+    _, gw = gw_scripted
     models = httpx.get(gw.url + "/v1/models", timeout=10).json()
     assert models["data"] == [{"id": "m", "object": "model", "max_model_len": 2048}]
     gw.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]

@@ -12,6 +12,10 @@ _MAX_ERROR_TEXT = 2000
 
 class EngineAdapter(Protocol):
     kind: str
+    # Send non-streaming requests upstream as streams (abortable) and reassemble.
+    stream_upstream: bool
+    # Return the connection to the pool after a streamed response.
+    reuse_after_stream: bool
 
     def normalize_error(self, status: int, body: bytes) -> GatewayError: ...
 
@@ -55,6 +59,8 @@ class GenericAdapter:
     """OpenAI-compatible upstream of unknown make: keep what is OpenAI-shaped."""
 
     kind = "unknown"
+    stream_upstream = False
+    reuse_after_stream = True
 
     def normalize_error(self, status: int, body: bytes) -> GatewayError:
         data = decode_error_body(body)

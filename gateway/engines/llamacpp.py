@@ -1,5 +1,10 @@
 """llama.cpp (`llama-server`) adapter.
 
+Non-streaming client requests are sent upstream as streams and reassembled
+(`gateway.reassemble`), because llama.cpp only notices a dropped
+non-streaming connection after a second of total inactivity; connections are
+not reused after a stream, because llama-server closes them.
+
 Errors: `{"error": {"code": <int>, "message", "type"}}` without `param`;
 context overflow is type `exceed_context_size_error` with `n_prompt_tokens`
 and `n_ctx`. Output limits: the OpenAI endpoints read `max_tokens` (and
@@ -16,6 +21,11 @@ from gateway.errors import GatewayError
 
 class LlamaCppAdapter(GenericAdapter):
     kind = "llamacpp"
+    # A dropped non-streaming request is only noticed after ~1 s of total
+    # server inactivity; a dropped stream within ~30 ms (tests/engine/golden/NOTES.md).
+    stream_upstream = True
+    # llama-server closes the connection after every stream despite keep-alive.
+    reuse_after_stream = False
 
     def normalize_error(self, status: int, body: bytes) -> GatewayError:
         data = decode_error_body(body)
