@@ -132,26 +132,21 @@ class UpstreamClient:
 
     async def get(self, url: str, timeout: float, headers: Mapping[str, str] | None = None) -> SmallResponse:
         """A small bounded GET for health checks and metrics polls."""
-        t = aiohttp.ClientTimeout(total=timeout)
-        try:
-            async with self.session.get(url, timeout=t, headers=dict(headers or {})) as resp:
-                body = await resp.content.read(_MAX_SMALL_BODY)
-                return SmallResponse(resp.status, body, resp.headers.get("Content-Type", ""))
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise UpstreamNeverReached(f"cannot connect to {url}: {exc}") from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamUnavailable(f"GET {url} failed: {exc!r}") from exc
+        return await self._small("GET", url, None, timeout, dict(headers or {}))
 
     async def post_json_small(self, url: str, data: bytes, timeout: float,
                               headers: Mapping[str, str] | None = None) -> SmallResponse:
         """A small bounded POST (e.g. an engine's /tokenize)."""
+        return await self._small("POST", url, data, timeout, {"Content-Type": "application/json", **(headers or {})})
+
+    async def _small(self, method: str, url: str, data: bytes | None, timeout: float,
+                     headers: dict[str, str]) -> SmallResponse:
         t = aiohttp.ClientTimeout(total=timeout)
-        hdrs = {"Content-Type": "application/json", **(headers or {})}
         try:
-            async with self.session.post(url, data=data, timeout=t, headers=hdrs) as resp:
+            async with self.session.request(method, url, data=data, timeout=t, headers=headers) as resp:
                 body = await resp.content.read(_MAX_SMALL_BODY)
                 return SmallResponse(resp.status, body, resp.headers.get("Content-Type", ""))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise UpstreamNeverReached(f"cannot connect to {url}: {exc}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamUnavailable(f"POST {url} failed: {exc!r}") from exc
+            raise UpstreamUnavailable(f"{method} {url} failed: {exc!r}") from exc
