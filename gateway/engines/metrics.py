@@ -141,15 +141,12 @@ def _props_slots(props: Any) -> tuple[int | None, int | None]:
 
 
 def _slot_tokens(slot: Mapping[str, Any]) -> int:
-    """Tokens a busy slot holds now: its prompt plus what it decoded so far."""
-    prompt = slot.get("n_prompt_tokens")
-    nxt = slot.get("next_token")
-    decoded = 0
-    if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict):
-        nxt = nxt[0]
-    if isinstance(nxt, dict) and isinstance(nxt.get("n_decoded"), int):
-        decoded = nxt["n_decoded"]
-    return (prompt if isinstance(prompt, int) and prompt > 0 else 0) + max(0, decoded)
+    """Tokens a busy slot holds now. In llama-server (b11434, checked live)
+    `n_prompt_tokens` already includes the tokens generated so far, so it is
+    the whole context of the slot; adding `next_token.n_decoded` would count
+    every generated token twice."""
+    tokens = slot.get("n_prompt_tokens")
+    return tokens if isinstance(tokens, int) and tokens > 0 else 0
 
 
 def parse_llamacpp(props: Any, slots: Any, metrics_text: str | None) -> EngineReading:

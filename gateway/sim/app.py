@@ -5,7 +5,8 @@ Generation routes (both flavours): `POST /v1/chat/completions`,
 and its native `/completion` (`n_predict`, `content`). Simulator-only routes:
 `GET /sim/stats` (`?records=0` leaves out the per-request records),
 `POST /sim/reset` (optional `{"clear_cache": false}`),
-`POST /sim/fault` (see `faults.py`).
+`POST /sim/fault` (see `faults.py`). An unknown path is a 404: llama.cpp's
+JSON `not_found_error`, vLLM's (Starlette's) plain text.
 
 The engine loop starts in the lifespan and is cancelled on shutdown. During
 `warmup_s` a vLLM replica does not listen yet (connection refused, as while
@@ -112,7 +113,10 @@ class SimReplica:
         self.engine = Engine(self.core, self.scheduler)
         self.faults = Faults()
         self._ready_at = config.warmup_s
-        self.app = _SimStarlette(routes=self._routes(), lifespan=self._lifespan)
+        handlers = {404: _llama_not_found} if config.flavor == "llamacpp" else {}
+        self.app = _SimStarlette(
+            routes=self._routes(), lifespan=self._lifespan, exception_handlers=handlers
+        )
 
     # --- lifecycle -----------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -306,6 +310,12 @@ class SimReplica:
             return JSONResponse(self.set_fault(**body))
         except ValueError as exc:
             raise error(self.config, 400, str(exc)) from exc
+
+
+async def _llama_not_found(request: Request, exc: Exception) -> Response:
+    """llama-server's answer to an unknown path."""
+    body = {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+    return JSONResponse(body, status_code=404)
 
 
 def create_sim_app(config: SimConfig) -> Starlette:

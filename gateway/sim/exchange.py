@@ -114,7 +114,13 @@ class Exchange:
         chunks: list[bytes] = []
         if self._tokens == 0 and (role := self._fmt.role_chunk()) is not None:
             chunks.append(sse(role))
-        chunks.append(sse(self._fmt.token_chunk(token.text, token.finish_reason, self._req.record)))
+        chunks.append(
+            sse(
+                self._fmt.token_chunk(
+                    token.text, token.finish_reason, self._req.record, token.token_id
+                )
+            )
+        )
         await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
         self._tokens += 1
         if self._die_after is not None and self._tokens >= self._die_after:

@@ -8,7 +8,9 @@ one chunk per token with `logprobs: null`, the last token's chunk carrying
 llama.cpp chat stream: a role chunk (`content: null`), one chunk per token, a
 finish chunk with an empty delta, a usage chunk when asked, `timings` on the
 last chunk, then `data: [DONE]` (OpenAI-compatible endpoints only; the native
-`/completion` stream ends without it).
+`/completion` stream ends without it). llama.cpp chat choices carry no
+`logprobs` key (its completions choices do); native stream pieces carry their
+token ids and `id_slot: -1`, the final one `generation_settings` and `prompt`.
 
 `usage.prompt_tokens_details.cached_tokens` is always present (vLLM fills it
 only with `--enable-prompt-tokens-details`).
@@ -19,10 +21,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.sim.llamabodies import LLAMA_BUILD, task_settings
 from gateway.sim.protocol import Job
 from gateway.sim.request import RequestRecord
 
-LLAMA_BUILD = "b6500-sim"
+__all__ = ["LLAMA_BUILD", "Formatter", "timings"]
 
 
 class Formatter:
@@ -46,9 +49,11 @@ class Formatter:
         content: str | None = "" if self.flavor == "vllm" else None
         return self._chunk({"role": "assistant", "content": content}, None)
 
-    def token_chunk(self, text: str, finish: str | None, rec: RequestRecord) -> dict[str, Any]:
+    def token_chunk(
+        self, text: str, finish: str | None, rec: RequestRecord, token: int = 0
+    ) -> dict[str, Any]:
         if self.job.endpoint == "native":
-            return self._native(text, rec, final=False)
+            return self._native(text, rec, final=False, token=token)
         if self.flavor == "llamacpp":
             finish = None
         if self.job.endpoint == "chat":
@@ -76,7 +81,9 @@ class Formatter:
             choice: dict[str, Any] = {"index": 0, "message": self._message(text)}
         else:
             choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=reason)
+        if self.flavor == "vllm" or self.job.endpoint != "chat":
+            choice["logprobs"] = None
+        choice["finish_reason"] = reason
         if self.flavor == "vllm":
             choice["stop_reason"] = None
         body = self._envelope([choice], self._object, usage=self.usage(rec))
@@ -112,7 +119,9 @@ class Formatter:
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": delta}
-        choice.update(logprobs=None, finish_reason=finish)
+        if self.flavor == "vllm" or not isinstance(delta, dict):
+            choice["logprobs"] = None
+        choice["finish_reason"] = finish
         if self.flavor == "vllm" and finish is not None:
             choice["stop_reason"] = None
         return self._envelope([choice], self._object + ".chunk")
@@ -133,27 +142,40 @@ class Formatter:
         return body
 
     def _native(
-        self, text: str, rec: RequestRecord, final: bool, reason: str | None = None
+        self, text: str, rec: RequestRecord, final: bool, reason: str | None = None, token: int = 0
     ) -> dict[str, Any]:
+        if not final:  # a streamed piece: its token ids, no slot yet (-1), no model
+            return {
+                "index": 0,
+                "content": text,
+                "tokens": [token],
+                "stop": False,
+                "id_slot": -1,
+                "tokens_predicted": rec.output_tokens,
+                "tokens_evaluated": rec.prompt_tokens,
+            }
         body: dict[str, Any] = {
             "index": 0,
             "content": text,
             "tokens": [],
             "id_slot": rec.slot,
-            "stop": final,
+            "stop": True,
             "model": self.job.model,
             "tokens_predicted": rec.output_tokens,
             "tokens_evaluated": rec.prompt_tokens,
         }
-        if final:
-            body.update(
-                stop_type="eos" if reason == "stop" else "limit",
-                stopping_word="",
-                has_new_line=False,
-                truncated=False,
-                tokens_cached=rec.cached_tokens,
-                timings=timings(rec),
-            )
+        body.update(
+            generation_settings=task_settings(
+                self.job.cap or -1, self.job.stream, self.job.ignore_eos
+            ),
+            prompt="",
+            stop_type="eos" if reason == "stop" else "limit",
+            stopping_word="",
+            has_new_line=False,
+            truncated=False,
+            tokens_cached=rec.cached_tokens,
+            timings=timings(rec),
+        )
         return body
 
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from gateway.sim.formats import LLAMA_BUILD
+from gateway.sim.llamabodies import generation_params, models_body, props_body
 from gateway.sim.metrics import llamacpp_metrics_text
 from gateway.sim.protocol import SimHTTPError, decode_body, error, error_body
 from gateway.sim.slots import Slot, SlotScheduler
@@ -146,25 +146,7 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
         return JSONResponse([slot_json(s) for s in scheduler.slots])
 
     async def props(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "default_generation_settings": {
-                    "id": 0,
-                    "n_ctx": cfg.slot_ctx,
-                    "params": _params(-1),
-                    "speculative": False,
-                },
-                "total_slots": cfg.parallel,
-                "model_path": f"/models/{cfg.model}.gguf",
-                "model_alias": cfg.model,
-                "chat_template": _TEMPLATE,
-                "modalities": {"vision": False, "audio": False},
-                "build_info": LLAMA_BUILD,
-                "endpoint_slots": True,
-                "endpoint_metrics": cfg.metrics_enabled,
-                "is_sleeping": False,
-            }
-        )
+        return JSONResponse(props_body(cfg))
 
     async def metrics(request: Request) -> Response:
         if not cfg.metrics_enabled:
@@ -200,24 +182,7 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
             raise error(cfg, 400, str(exc)) from exc
 
     async def models(request: Request) -> Response:
-        meta = {
-            "vocab_type": 2,
-            "n_vocab": 131072,
-            "n_ctx_train": cfg.max_model_len,
-            "n_embd": 4096,
-            "n_params": 8030261248,
-            "size": 4920733696,
-        }
-        card = {
-            "id": cfg.model,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "llamacpp",
-            "meta": meta,
-        }
-        return JSONResponse(
-            {"models": [{"name": cfg.model, "model": cfg.model}], "object": "list", "data": [card]}
-        )
+        return JSONResponse(models_body(cfg))
 
     return [
         Route("/health", llama(health, public=True), methods=["GET"]),
@@ -233,22 +198,6 @@ def llamacpp_routes(replica: SimReplica) -> list[Route]:
 
 
 _LOADING = "Loading model"
-_TEMPLATE = (
-    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}<|assistant|>\n"
-)
-
-
-def _params(n_predict: int) -> dict[str, Any]:
-    return {
-        "n_predict": n_predict,
-        "seed": 4294967295,
-        "temperature": 0.8,
-        "top_k": 40,
-        "top_p": 0.95,
-        "min_p": 0.05,
-        "stream": False,
-        "cache_prompt": True,
-    }
 
 
 def slot_json(slot: Slot) -> dict[str, Any]:
@@ -266,8 +215,11 @@ def slot_json(slot: Slot) -> dict[str, Any]:
     remain = (slot.last_n_predict - decoded) if req is not None else 0
     out.update(
         id_task=slot.id_task,
-        n_prompt_tokens=slot.last_prompt_tokens,
-        params=_params(slot.last_n_predict),
+        # b11434: the tokens in the slot's context now (prompt + generated so far)
+        n_prompt_tokens=len(slot.cache),
+        n_prompt_tokens_processed=slot.last_prompt_tokens - slot.last_cached,
+        n_prompt_tokens_cache=slot.last_cached,
+        params=generation_params(slot.last_n_predict),
         next_token=[
             {
                 "has_next_token": req is not None,
@@ -276,7 +228,5 @@ def slot_json(slot: Slot) -> dict[str, Any]:
                 "n_decoded": decoded,
             }
         ],
-        prompt="",
-        generated="",
     )
     return out

@@ -236,35 +236,52 @@ class VllmMetrics:
 
 
 _LLAMA_DOCS = {
-    "prompt_tokens_total": "Number of prompt tokens processed.",
-    "prompt_seconds_total": "Prompt process time",
-    "tokens_predicted_total": "Number of generation tokens processed.",
-    "tokens_predicted_seconds_total": "Predict process time",
-    "n_decode_total": "Total number of llama_decode() calls",
+    "prompt_tokens_total": "Number of prompt tokens processed, excluding cached tokens",
+    "prompt_tokens_cached_total": "Number of prompt tokens reused from the cache",
+    "prompt_seconds_total": "Total time spent processing prompts",
+    "tokens_predicted_total": "Number of generation tokens processed",
+    "tokens_predicted_seconds_total": "Total time spent generating tokens",
+    "n_decode_total": (
+        "Total number of llama_decode() calls, excluding speculative decoding and multimodal "
+        "decoding"
+    ),
+    "n_tokens_max": "Largest observed sequence length (prompt + generation)",
+    "spec_decode_num_draft_tokens_total": "Speculative: Total draft tokens generated",
+    "spec_decode_num_accepted_tokens_total": (
+        "Speculative: Total draft tokens accepted by the target model"
+    ),
+    "spec_decode_num_drafts_total": "Speculative: Total speculative decoding verification steps",
+    "prompt_tokens_seconds": "Average prompt throughput in tokens/s",
+    "predicted_tokens_seconds": "Average generation throughput in tokens/s",
+    "requests_processing": "Number of requests processing",
+    "requests_deferred": "Number of requests deferred",
     "n_busy_slots_per_decode": "Average number of busy slots per llama_decode() call",
-    "prompt_tokens_seconds": "Average prompt throughput in tokens/s.",
-    "predicted_tokens_seconds": "Average generation throughput in tokens/s.",
-    "requests_processing": "Number of requests processing.",
-    "requests_deferred": "Number of requests deferred.",
 }
 
 
 def llamacpp_metrics_text(totals: Totals, gauges: dict[str, Any]) -> str:
-    """`/metrics` of llama-server (times in simulated seconds)."""
+    """`/metrics` of llama-server b11434 (times in simulated seconds; no speculative decoding).
+
+    `n_tokens_max` is typed as a counter although it is a maximum, as llama-server does."""
     decodes = totals.steps
     prompt_tps = totals.prompt_tokens_processed / totals.prompt_time if totals.prompt_time else 0.0
     gen_tps = totals.generation_tokens / totals.generation_time if totals.generation_time else 0.0
     defs = [
         ("counter", "prompt_tokens_total", totals.prompt_tokens_processed),
+        ("counter", "prompt_tokens_cached_total", totals.prefix_hits_tokens),
         ("counter", "prompt_seconds_total", totals.prompt_time),
         ("counter", "tokens_predicted_total", totals.generation_tokens),
         ("counter", "tokens_predicted_seconds_total", totals.generation_time),
         ("counter", "n_decode_total", decodes),
-        ("counter", "n_busy_slots_per_decode", totals.busy_slots_total / max(decodes, 1)),
+        ("counter", "n_tokens_max", gauges.get("n_tokens_max", 0)),
+        ("counter", "spec_decode_num_draft_tokens_total", 0),
+        ("counter", "spec_decode_num_accepted_tokens_total", 0),
+        ("counter", "spec_decode_num_drafts_total", 0),
         ("gauge", "prompt_tokens_seconds", prompt_tps),
         ("gauge", "predicted_tokens_seconds", gen_tps),
         ("gauge", "requests_processing", gauges["running"]),
         ("gauge", "requests_deferred", gauges["deferred"]),
+        ("gauge", "n_busy_slots_per_decode", totals.busy_slots_total / max(decodes, 1)),
     ]
     lines: list[str] = []
     for kind, name, value in defs:

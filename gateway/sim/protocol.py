@@ -12,9 +12,10 @@ else `max_completion_tokens`, else `max_tokens` (-1 = unlimited). A cap over
 the remaining context is clamped (vLLM >= 0.32) or refused with
 `reject_overlong_output` (older vLLM).
 
-Approximations: an `id_slot` outside the slot range is a 400 here (the real
-server leaves such a task deferred); `n` > 1 is refused with a 400 (both
-engines support it); stop strings, tools and sampling fields are ignored.
+An `id_slot` outside the slot range runs on any slot, as in llama.cpp b11434.
+
+Approximations: `n` > 1 is refused with a 400 (both engines support it);
+stop strings, tools and sampling fields are ignored.
 """
 
 from __future__ import annotations
@@ -221,10 +222,8 @@ def _id_slot(config: SimConfig, body: dict[str, Any]) -> int | None:
     if config.flavor != "llamacpp":
         return None
     slot = _typed(config, body, "id_slot", int, None)
-    if slot is None or slot == -1:
-        return None
-    if not 0 <= slot < config.parallel:
-        raise error(config, 400, "Invalid slot ID", param="id_slot")
+    if slot is None or not 0 <= slot < config.parallel:
+        return None  # b11434: -1 or out of range means any slot (200, never an error)
     return int(slot)
 
 

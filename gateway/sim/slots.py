@@ -46,6 +46,7 @@ class Slot:
     last_used: int = 0
     id_task: int | None = None
     last_prompt_tokens: int = 0
+    last_cached: int = 0
     last_decoded: int = 0
     last_n_predict: int = -1
 
@@ -70,6 +71,8 @@ class SlotScheduler:
         self._fresh: list[SimRequest] = []
         self._tick = itertools.count(1)
         self._task_ids = itertools.count()
+        #: Longest context a slot reached (`llamacpp:n_tokens_max`).
+        self.n_tokens_max = 0
 
     # --- Scheduler protocol ----------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -107,6 +110,7 @@ class SlotScheduler:
                 continue
             slot = self.slots[req.slot]
             slot.cache.extend(req.token_range(req.num_computed, req.num_computed + work.n))
+            self.n_tokens_max = max(self.n_tokens_max, len(slot.cache))
             req.num_computed += work.n
             if req.num_computed == req.num_tokens:
                 reason = self.core.sample(req, now)
@@ -127,6 +131,7 @@ class SlotScheduler:
             "kv_blocks_total": total,
             "kv_tokens_used": sum(len(s.cache) for s in self.slots),
             "kv_usage": pinned / total,
+            "n_tokens_max": self.n_tokens_max,
         }
 
     def clear_cache(self) -> None:
@@ -188,6 +193,7 @@ class SlotScheduler:
         del slot.cache[n_past:]
         slot.req, slot.id_task = req, next(self._task_ids)
         slot.last_prompt_tokens, slot.last_decoded = len(req.prompt), 0
+        slot.last_cached = n_past
         slot.last_n_predict = req.max_output
         req.slot, req.state, req.num_computed = slot.id, State.RUNNING, n_past
         rec = req.record
