@@ -129,6 +129,10 @@ class Pipeline:
 
     async def _fail(self, ctx: RequestContext, err: GatewayError, send: Send) -> None:
         if ctx.response_started:
+            if ctx.response_complete or not (ctx.request and ctx.request.stream):
+                # A non-streaming body with its Content-Length is under way or done:
+                # nothing more can be said; the connection closes with the task.
+                return
             await _send_quietly(send, {"type": "http.response.body",
                                        "body": sse_error_event(err) + b"data: [DONE]\n\n",
                                        "more_body": False})
