@@ -275,8 +275,8 @@ class AdmissionController:
 
     def _count_admitted(self, cls: str, waited: float) -> None:
         if self.metrics is not None:
-            self.metrics.admitted.labels(cls).inc()
-            self.metrics.queue_wait.labels(cls).observe(waited)
+            self.metrics.admitted_by(cls).inc()
+            self.metrics.queue_wait_by(cls).observe(waited)
 
     def _reject(self, cls: str, reason: str) -> None:
         if self.metrics is not None:

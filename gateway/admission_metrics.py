@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.livestate import LiveState
+from gateway.metrics import Children
 from gateway.replicas import Replica
 
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -47,6 +48,8 @@ class AdmissionMetrics:
         self.queue_wait = Histogram("gateway_admission_queue_wait_seconds",
                                     "Time spent in the gateway queue before admission, by class.",
                                     ["priority"], buckets=_WAIT_BUCKETS, registry=registry)
+        self.admitted_by = Children(self.admitted)
+        self.queue_wait_by = Children(self.queue_wait)
         self._registry = registry
 
     def watch(self, replicas: Iterable[Replica], queue: QueueView) -> None:

@@ -13,11 +13,10 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -30,7 +29,7 @@ from gateway.admission_metrics import AdmissionMetrics
 from gateway.auth import Authenticator
 from gateway.budgets import Budgets
 from gateway.config import GatewayConfig
-from gateway.context import RequestContext
+from gateway.context import RequestContext, header_map
 from gateway.errors import GatewayError, NotFound, PayloadTooLarge, error_response
 from gateway.ingress import Ingress
 from gateway.metrics import GatewayMetrics
@@ -159,7 +158,7 @@ class CompletionsEndpoint:
         self._gw = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = Headers(scope=scope)
+        headers = header_map(scope["headers"])
         rid = headers.get("x-request-id", "")
         ctx = RequestContext(
             request_id=rid if _REQUEST_ID.match(rid) else uuid.uuid4().hex,
@@ -177,15 +176,25 @@ class CompletionsEndpoint:
         except ClientGone:
             self._gw.metrics.cancellations.labels("ingress").inc()
             return
-        async def tracked_send(message: Message) -> None:
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                ctx.response_complete = True
-
-        await _race_disconnect(self._gw.pipeline.handle(ctx, raw, tracked_send), receive, ctx)
+        await _race_disconnect(self._gw.pipeline.handle(ctx, raw, _TrackedSend(send, ctx)), receive, ctx)
 
 
-async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
+class _TrackedSend:
+    """The client's `send`, noting when the last body byte has gone out."""
+
+    __slots__ = ("_ctx", "_send")
+
+    def __init__(self, send: Send, ctx: RequestContext) -> None:
+        self._send = send
+        self._ctx = ctx
+
+    async def __call__(self, message: Message) -> None:
+        await self._send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self._ctx.response_complete = True
+
+
+async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes.")
@@ -204,23 +213,35 @@ async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
             return b"".join(parts)
 
 
-async def _race_disconnect(work: Any, receive: Receive, ctx: RequestContext) -> None:
+async def _race_disconnect(work: Coroutine[Any, Any, None], receive: Receive, ctx: RequestContext) -> None:
     """Run the pipeline until it ends or the client goes away, whichever is first.
 
-    `receive()` blocks until the client disconnects, so no polling. Once the
-    last body byte was sent, a disconnect no longer cancels: the remaining
-    work is settling (lease release, budget settle), which must complete."""
-    task = asyncio.ensure_future(work)
+    The pipeline runs in this task; one watcher task blocks in `receive()`
+    until the client disconnects (no polling) and then cancels this task.
+    Once the last body byte was sent, a disconnect no longer cancels: the
+    remaining work is settling (lease release, budget settle), which must
+    complete."""
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not watcher.cancelled() and watcher.exception() is None and not ctx.response_complete:
+            gone = True
+            current.cancel()
+
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_disconnect)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done() and ctx.response_complete:
-            await asyncio.wait({task})
+        await work
+    except asyncio.CancelledError:
+        # Ours (the client left) is absorbed; anyone else's (shutdown) propagates.
+        if not gone or current.uncancel() > 0:
+            raise
     finally:
-        if not task.done():
-            task.cancel()
+        watcher.remove_done_callback(on_disconnect)
         watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -42,6 +42,8 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="public listener port (default 8080)")
     serve.add_argument("--admin-port", type=int, help="admin listener port (default 9090)")
     serve.add_argument("--policies", help="directory of task policy YAML files")
+    serve.add_argument("--access-log", action="store_true", default=None,
+                       help="log one line per finished request (config key access_log; default off)")
     check = sub.add_parser("check-config", help="validate a config and print the effective config")
     check.add_argument("file")
     demo = sub.add_parser("demo", help="simulated replicas + gateway on loopback, no GPU needed")
@@ -68,7 +70,9 @@ def _serve_config(args: argparse.Namespace) -> GatewayConfig:
     replicas = cfg.replicas + tuple(args.replica)
     if not replicas:
         raise ConfigError(["replicas: at least one replica is required (--replica URL or a config file)"])
-    return dataclasses.replace(cfg, listen=listen, replicas=replicas, policies=args.policies or cfg.policies)
+    access_log = cfg.access_log if args.access_log is None else args.access_log
+    return dataclasses.replace(cfg, listen=listen, replicas=replicas, policies=args.policies or cfg.policies,
+                               access_log=access_log)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

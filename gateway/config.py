@@ -300,6 +300,7 @@ class GatewayConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     state: StateConfig = field(default_factory=StateConfig)
     expose_replica_header: bool = True
+    access_log: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     def __post_init__(self) -> None:

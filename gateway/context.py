@@ -10,10 +10,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from starlette.datastructures import Headers
-
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Mapping
 
     from gateway.config import TimeoutsConfig
     from gateway.deadlines import ClientDeadlines
@@ -26,7 +24,7 @@ class RequestContext:
     request_id: str
     endpoint: str
     path: str
-    headers: Headers
+    headers: Mapping[str, str]  # lower-case names (see `header_map`)
     received_at: float
     client_host: str | None = None
     # ingress
@@ -74,9 +72,13 @@ class RequestContext:
     upstream_headers: dict[str, str] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
-    def mark_first_byte(self, now: float) -> None:
+    def mark_first_byte(self, now: float, run_hooks: bool = True) -> None:
+        """`run_hooks=False` when the whole answer arrived at once: what the hooks
+        would release early (the lease's prefill claim) is released by settling."""
         self.first_byte_at = now
         hooks, self.first_byte_hooks = self.first_byte_hooks, []
+        if not run_hooks:
+            return
         for hook in hooks:
             hook()
 
@@ -85,3 +87,14 @@ class RequestContext:
         if self.queued_at is None or self.admitted_at is None:
             return 0.0
         return max(0.0, self.admitted_at - self.queued_at)
+
+
+def header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Request headers by lower-case name, decoded once. A repeated header keeps
+    its first value, as Starlette's `Headers.get` does."""
+    out: dict[str, str] = {}
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        if name not in out:
+            out[name] = value.decode("latin-1")
+    return out

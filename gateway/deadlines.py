@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import TracebackType
 from typing import Any
 
 from gateway.config import GatewayConfig, TimeoutsConfig
@@ -150,6 +151,12 @@ def policy_timeouts(policy: Any, defaults: TimeoutsConfig) -> TimeoutsConfig:
     spec = getattr(policy, "timeouts", None)
     if spec is None:
         return defaults
+    return _merged_timeouts(spec, defaults)
+
+
+@functools.lru_cache(maxsize=256)
+def _merged_timeouts(spec: Any, defaults: TimeoutsConfig) -> TimeoutsConfig:
+    # Both frozen (hashable) dataclasses: a policy set holds a handful of specs.
     given = {f.name: getattr(spec, f.name, None) for f in dataclasses.fields(defaults)}
     return dataclasses.replace(defaults, **{k: float(v) for k, v in given.items() if v is not None})
 
@@ -210,29 +217,45 @@ def deadline_error(ctx: RequestContext, source: str) -> DeadlineExceeded:
     return err
 
 
-@asynccontextmanager
-async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
+class enforce:
     """Bound the body of the block by the request's deadline.
 
     Yields the `send` to use inside: it moves the timer from the
     response-start deadline (client timeout) to the total deadline once the
     response starts. On expiry the block is cancelled (closing the upstream
-    connection) and `DeadlineExceeded` is raised."""
-    when, _ = timer_deadline(ctx)
-    try:
-        async with asyncio.timeout_at(_loop_time(when)) as timer:
-            ctx.deadline_timer = timer
+    connection) and `DeadlineExceeded` is raised. A class, not a generator
+    context manager: it runs once per request on the hot path."""
 
-            async def timed_send(message: MutableMapping[str, Any]) -> None:
-                await send(message)
-                if message["type"] == "http.response.start" and not ctx.response_started:
-                    ctx.response_started = True
-                    timer.reschedule(_loop_time(timer_deadline(ctx)[0]))
+    __slots__ = ("_ctx", "_send", "_timer")
 
-            yield timed_send
-    except TimeoutError:
-        if not timer.expired():
-            raise
-        raise deadline_error(ctx, timer_deadline(ctx)[1]) from None
-    finally:
-        ctx.deadline_timer = None
+    def __init__(self, ctx: RequestContext, send: Send) -> None:
+        self._ctx = ctx
+        self._send = send
+        self._timer: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> Send:
+        timer = asyncio.timeout_at(_loop_time(timer_deadline(self._ctx)[0]))
+        await timer.__aenter__()
+        self._timer = self._ctx.deadline_timer = timer
+        return self._timed_send
+
+    async def _timed_send(self, message: MutableMapping[str, Any]) -> None:
+        await self._send(message)
+        ctx = self._ctx
+        if message["type"] == "http.response.start" and not ctx.response_started:
+            ctx.response_started = True
+            if self._timer is not None:
+                self._timer.reschedule(_loop_time(timer_deadline(ctx)[0]))
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        timer, self._timer = self._timer, None
+        self._ctx.deadline_timer = None
+        assert timer is not None
+        try:
+            await timer.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            if not timer.expired():
+                raise
+            raise deadline_error(self._ctx, timer_deadline(self._ctx)[1]) from None
+        return False

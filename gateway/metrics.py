@@ -7,7 +7,33 @@ in one process.
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
+    """A labelled metric's children cached by label values.
+
+    `metric.labels(...)` validates and stringifies on every call (~3 µs);
+    the hot path asks for the same few children per request. Label values
+    here are low-cardinality by construction (task, outcome, stage,
+    replica), so the cache stays as small as prometheus' own."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -34,6 +60,10 @@ class GatewayMetrics:
                                 "(finished + cancelled + failed) once they settle.", registry=r)
         self.deadline_exceeded = Counter("gateway_deadline_exceeded", "Requests stopped by their deadline, by stage.",
                                          ["stage"], registry=r)
+        self.requests_by = Children(self.requests)
+        self.duration_by = Children(self.duration)
+        self.ttfb_by = Children(self.ttfb)
+        self.attempts_by = Children(self.upstream_attempts)
         self.replica_healthy = Gauge("gateway_replica_healthy", "1 when the replica passes health checks.",
                                      ["replica"], registry=r)
         self.replica_in_flight = Gauge("gateway_replica_in_flight", "Requests forwarded to the replica.",

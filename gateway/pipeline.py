@@ -125,7 +125,7 @@ class Pipeline:
         raise NoHealthyReplica("No healthy replica is available.", retry_after=self._cfg.health.interval_s)
 
     def _attempt(self, replica: Replica, result: str) -> None:
-        self._metrics.upstream_attempts.labels(replica.name, result).inc()
+        self._metrics.attempts_by(replica.name, result).inc()
 
     async def _fail(self, ctx: RequestContext, err: GatewayError, send: Send) -> None:
         if ctx.response_started:
@@ -148,10 +148,18 @@ class Pipeline:
     def _settle(self, ctx: RequestContext) -> None:
         ctx.finished_at = time.monotonic()
         elapsed = ctx.finished_at - ctx.received_at
-        self._metrics.requests.labels(ctx.task, ctx.outcome).inc()
-        self._metrics.duration.labels(ctx.task, ctx.outcome).observe(elapsed)
+        m = self._metrics
+        m.requests_by(ctx.task, ctx.outcome).inc()
+        m.duration_by(ctx.task, ctx.outcome).observe(elapsed)
         if ctx.first_byte_at is not None:
-            self._metrics.ttfb.labels(ctx.task).observe(ctx.first_byte_at - ctx.received_at)
+            m.ttfb_by(ctx.task).observe(ctx.first_byte_at - ctx.received_at)
+        if self._cfg.access_log:
+            _access_log(ctx, elapsed)
+
+
+def _access_log(ctx: RequestContext, elapsed: float) -> None:
+    """One line per finished request (config `access_log`); never the body."""
+    if log.isEnabledFor(logging.INFO):
         log.info(
             "request id=%s task=%s tenant=%s replica=%s outcome=%s status=%s attempts=%d stage=%s "
             "ms=%.1f usage=%s",

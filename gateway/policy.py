@@ -29,6 +29,7 @@ from gateway.config import GatewayConfig, TenantConfig
 from gateway.configtools import ConfigError
 from gateway.context import RequestContext
 from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
+from gateway.metrics import Children
 from gateway.policyset import Policy, PolicySet, load_policy_set
 from gateway.protocol import ParsedRequest
 from gateway.replicas import Replica, ReplicaRegistry
@@ -55,6 +56,7 @@ class PolicyMetrics:
                                ["result"], registry=r)
         self.output_clamped = Counter("gateway_output_clamped", "Requests whose output limit was clamped.",
                                       ["task"], registry=r)
+        self.token_counts_by = Children(self.token_counts)
 
 
 def build_counters(policies: PolicySet, engine: EngineCounter | None,
@@ -131,7 +133,7 @@ class PolicyStage:
             _isolate(req, ctx.tenant, self._cfg.auth.isolation_secret)
         replicas = serving_replicas(self._registry, req.model)
         counted = await active.counters[policy.name].count(req, replicas)
-        self.metrics.token_counts.labels(counted.source).inc()
+        self.metrics.token_counts_by(counted.source).inc()
         ctx.prompt_tokens = counted.tokens
         ctx.notes["prompt_tokens_source"] = counted.source
         ctx.response_headers["x-gateway-input-tokens"] = str(counted.tokens)

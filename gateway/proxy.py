@@ -187,7 +187,7 @@ class Forwarder:
 
     async def _relay_body(self, ctx: RequestContext, resp: UpstreamResponse, send: Send) -> None:
         body = await _timed(resp.read_all(1 << 30), (ctx.timeouts or self._cfg.timeouts).idle_s, "body (idle gap)")
-        ctx.mark_first_byte(time.monotonic())
+        ctx.mark_first_byte(time.monotonic(), run_hooks=False)
         ctx.usage = usage_from_body(body)
         await send(self._start_message(ctx, resp.content_type, [], len(body)))
         ctx.response_started = True

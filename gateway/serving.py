@@ -67,6 +67,8 @@ def _make_server(listener: Listener, log_level: str) -> uvicorn.Server:
         port=listener.port,
         log_level=log_level,
         access_log=False,
+        proxy_headers=False,  # the gateway reads no X-Forwarded-*; uvicorn's middleware costs ~15 µs/request
+        server_header=False,
         lifespan="on",
         loop="asyncio",
         http="httptools",

@@ -92,3 +92,47 @@ def test_disconnect_after_last_byte_lets_settling_finish() -> None:
         return settled
 
     assert asyncio.run(scenario())
+
+
+def test_an_outside_cancellation_propagates_and_cancels_the_work() -> None:
+    """Server shutdown cancels the request task: that must not be absorbed as a client disconnect."""
+    async def scenario() -> tuple[bool, bool]:
+        client = Client()
+        work_cancelled = False
+
+        async def work() -> None:
+            nonlocal work_cancelled
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                work_cancelled = True
+                raise
+
+        task = asyncio.ensure_future(_race_disconnect(work(), client.receive, _ctx()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True, work_cancelled
+        return False, work_cancelled
+
+    propagated, work_cancelled = asyncio.run(scenario())
+    assert propagated and work_cancelled
+
+
+def test_a_disconnect_is_absorbed_and_leaves_the_task_usable() -> None:
+    """After the client left, the request task carries no pending cancellation."""
+    async def scenario() -> bool:
+        client = Client()
+
+        async def work() -> None:
+            client.gone.set()
+            await asyncio.sleep(30)
+
+        await _race_disconnect(work(), client.receive, _ctx())
+        await asyncio.sleep(0.01)  # would raise CancelledError if a cancellation were left pending
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() == 0
+
+    assert asyncio.run(scenario())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from gateway.metrics import Children
+
 _BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1)
 
 
@@ -22,3 +24,6 @@ class SchedulingMetrics:
             "gateway_routing_matched_prefix_tokens",
             "Prompt tokens the prefix index expected to be cached on the chosen replica.",
             ["replica"], registry=r)
+        self.decisions_by = Children(self.decisions)
+        self.prompt_tokens_by = Children(self.prompt_tokens)
+        self.matched_tokens_by = Children(self.matched_tokens)

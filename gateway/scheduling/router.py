@@ -65,6 +65,10 @@ class SchedulingRouter:
         self._indexes: dict[str, PrefixIndex] = {}
 
     def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+        if len(candidates) == 1 and candidates[0].healthy:
+            # Nothing to choose (the filters keep a lone healthy replica, the
+            # picker orders one): `on_routed` computes what it learns from.
+            return list(candidates)
         cycle = self.cycle(ctx, candidates)
         ctx.notes[_CYCLE] = cycle
         return self.profile.run(cycle, list(candidates))
@@ -82,9 +86,10 @@ class SchedulingRouter:
         self._tracker.add(Routed(ctx, replica.name, kv, cycle.prompt_tokens - matched, slot))
         if ctx.session_key:
             self._tracker.remember_session(ctx.session_key, replica.name)
-        self._metrics.decisions.labels(self.profile.name, replica.name).inc()
-        self._metrics.prompt_tokens.labels(replica.name).inc(cycle.prompt_tokens)
-        self._metrics.matched_tokens.labels(replica.name).inc(matched)
+        m = self._metrics
+        m.decisions_by(self.profile.name, replica.name).inc()
+        m.prompt_tokens_by(replica.name).inc(cycle.prompt_tokens)
+        m.matched_tokens_by(replica.name).inc(matched)
 
     def index(self, replica: Replica, capacity_tokens: int | None) -> PrefixIndex:
         cfg = self._cfg
