@@ -16,7 +16,7 @@ import yaml
 
 from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig, effective_config, load_config
 from gateway.configtools import ConfigError
-from gateway.serving import Listener, run, serve_all
+from gateway.serving import Listener, run, serve_all, tune_gc
 
 
 def _replica_arg(value: str) -> ReplicaConfig:
@@ -106,6 +106,7 @@ async def _serve_reloading(gw: Any, listeners: list[Listener], log_level: str) -
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, AttributeError):  # no SIGHUP on Windows
         loop.add_signal_handler(signal.SIGHUP, reload)
+    tune_gc()
     await serve_all(listeners, log_level=log_level)
 
 

@@ -9,6 +9,7 @@ to judge.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +23,11 @@ OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "n_predict")
 
 @dataclass(slots=True, eq=False)
 class ParsedRequest:
+    """A parsed request. Stages edit `body` at the top level only, by assigning
+    or removing keys (never by mutating a nested value in place): the forwarder
+    then sends the client's own bytes (`raw`), with added keys spliced in,
+    whenever no key the client sent was changed (`gateway.rawbody`)."""
+
     endpoint: Endpoint
     body: dict[str, Any]
     model: str | None
@@ -29,17 +35,49 @@ class ParsedRequest:
     client_wants_usage: bool
     requested_output: int | None
     output_field: str | None
+    #: the client's bytes when they mean exactly `original` to any JSON parser
+    raw: bytes | None = None
+    #: the top level as parsed (a shallow copy)
+    original: dict[str, Any] | None = None
+    #: `prompt_parts`, rendered once (token estimate, prefix hashing and demand all walk it)
+    parts: list[str] | None = None
 
     def set_model(self, model: str) -> None:
         self.model = model
         self.body["model"] = model
 
 
+class _PairsHook(threading.local):
+    """`object_pairs_hook` noting whether any object repeated a key (parsers
+    disagree on which value wins, so such bytes are never forwarded as is)."""
+
+    repeated = False
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            self.repeated = True
+        return obj
+
+
+_HOOK = _PairsHook()
+_DECODER = json.JSONDecoder(object_pairs_hook=_HOOK)
+_BOM = b"\xef\xbb\xbf"
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
+    return parse_json_document(raw)[0]
+
+
+def parse_json_document(raw: bytes) -> tuple[dict[str, Any], bool]:
+    """The JSON object in `raw`, and whether `raw` is plain UTF-8 whose objects
+    repeat no key (so the bytes mean exactly the parsed object)."""
     if not raw.strip():
         raise InvalidJSON("Request body is empty; expected a JSON object.")
+    bom = raw.startswith(_BOM)
+    _HOOK.repeated = False
     try:
-        data = json.loads(raw)
+        data = _DECODER.decode(raw[3:].decode("utf-8") if bom else raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise InvalidJSON(f"Request body is not valid UTF-8: {exc.reason}.") from exc
     except json.JSONDecodeError as exc:
@@ -48,7 +86,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         ) from exc
     if not isinstance(data, dict):
         raise InvalidJSON(f"Request body must be a JSON object, got {type(data).__name__}.")
-    return data
+    return data, not (bom or _HOOK.repeated)
 
 
 def _type_error(param: str, expected: str, value: Any) -> BadRequest:
@@ -96,7 +134,7 @@ def _output_limit(body: dict[str, Any]) -> tuple[int | None, str | None]:
 
 
 def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
-    body = parse_json_object(raw)
+    body, forwardable = parse_json_document(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _type_error("model", "a string", model)
@@ -117,12 +155,21 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         if body.get(name) is not None and not isinstance(body[name], str):
             raise _type_error(name, "a string", body[name])
     requested, field_name = _output_limit(body)
-    return ParsedRequest(endpoint, body, model, stream, wants_usage, requested, field_name)
+    return ParsedRequest(endpoint, body, model, stream, wants_usage, requested, field_name,
+                         raw if forwardable else None, dict(body))
 
 
-def prompt_parts(req: ParsedRequest) -> Iterator[str]:
+def prompt_parts(req: ParsedRequest) -> list[str]:
     """The prompt as text parts, in canonical order: tools, then each message
-    (role, then content parts in order); for completions, the prompt as is."""
+    (role, then content parts in order); for completions, the prompt as is.
+    Rendered once per request: stages edit only top-level keys other than the
+    prompt (see `ParsedRequest`)."""
+    if req.parts is None:
+        req.parts = list(_iter_prompt_parts(req))
+    return req.parts
+
+
+def _iter_prompt_parts(req: ParsedRequest) -> Iterator[str]:
     body = req.body
     if req.endpoint == "completions":
         prompt = body.get("prompt")

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
+from gateway import rawbody
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext
 from gateway.deadlines import upstream_deadline_header
@@ -84,7 +85,8 @@ class Forwarder:
         if ctx.output_limit is not None:
             body = dict(body)
             adapter_for(ctx.replica.kind if ctx.replica else "unknown").set_output_limit(body, ctx.output_limit)
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), injected
+        data = rawbody.spliced(req.raw, req.original, body)
+        return (rawbody.encode(body) if data is None else data), injected
 
     async def forward(self, ctx: RequestContext, replica: Replica, send: Send) -> None:
         req = ctx.request

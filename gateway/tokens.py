@@ -37,21 +37,24 @@ from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("gateway.tokens")
 
-_CACHED_PART_MIN_CHARS = 48  # below this, the regex costs about what hashing does
+_HASHED_PART_MIN_CHARS = 48  # shorter parts (role markers, short turns) are their own cache key
 
 
 def estimate_request(req: ParsedRequest, cache: LRU | None = None) -> int:
     """Conservative prompt tokens after the chat template would apply.
 
-    With `cache`, the estimate of each part that is not tiny (a message, the tools) is
-    remembered by its hash: an agent re-sending its whole history only pays
-    for the new turns."""
+    With `cache`, the estimate of each part (a message, the tools) is
+    remembered by its hash (a short part: by itself): an agent re-sending its
+    whole history only pays for the new turns."""
     total = 0
     for part in prompt_parts(req):
-        if cache is None or len(part) < _CACHED_PART_MIN_CHARS:
+        if cache is None:
             total += estimate_text(part)
             continue
-        key = xxhash.xxh3_128_hexdigest(part.encode("utf-8", "surrogatepass"))
+        if len(part) < _HASHED_PART_MIN_CHARS:
+            key = "\x00" + part  # never equal to a hex digest
+        else:
+            key = xxhash.xxh3_128_hexdigest(part.encode("utf-8", "surrogatepass"))
         cost = cache.get(key)
         if cost is None:
             cost = estimate_text(part)

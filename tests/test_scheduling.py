@@ -258,3 +258,45 @@ def test_engine_state_is_read_through_the_adapter() -> None:
         1000, 500, 70, 3, 1234.0)
     rep.state = None
     assert engine_view(rep).backlog_tokens is None
+
+
+_OPT_INT = st.none() | st.integers(min_value=-5, max_value=10**9)
+
+
+@given(cap=_OPT_INT, used=_OPT_INT, leased=st.integers(min_value=0, max_value=10**9),
+       backlog=st.integers(min_value=-5, max_value=10**9), waiting=_OPT_INT,
+       rate=st.floats(min_value=-1.0, max_value=1e7, allow_nan=False),
+       config_cap=st.none() | st.integers(min_value=1, max_value=10**9))
+def test_engine_view_fast_path_equals_the_generic_adapter(cap: int | None, used: int | None, leased: int,
+                                                           backlog: int, waiting: int | None, rate: float,
+                                                           config_cap: int | None) -> None:
+    from gateway.livestate import LiveState
+    from gateway.scheduling.state import engine_view, generic_view
+
+    replica = Replica(ReplicaConfig(url="http://127.0.0.1:1", capacity_tokens=config_cap))
+    replica.state = LiveState(capacity_tokens=cap, used_tokens=used, leased_tokens=leased,
+                              prefill_backlog_tokens=backlog, engine_waiting=waiting, prefill_tokens_per_s=rate)
+    assert engine_view(replica) == generic_view(replica, replica.state)
+
+
+def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
+    """Routing skips scoring for a lone healthy replica; what on_routed records is unchanged."""
+    def routed_twice(lone: bool) -> list[tuple[int, int]]:
+        rt = router("default")
+        assert isinstance(rt, SchedulingRouter)
+        cands = replicas(1)
+        out = []
+        for _ in range(2):
+            ctx = ctx_for("A long shared system prompt. " * 200, None)
+            ranked = rt.rank(ctx, cands)
+            if not lone:
+                ctx.notes["routing_cycle"] = rt.cycle(ctx, cands)
+            ctx.replica = ranked[0]
+            rt.on_routed(ctx, ranked[0])
+            routed = rt._tracker.outstanding(ranked[0].name)[-1]
+            out.append((routed.kv_tokens, routed.uncached_tokens))
+        return out
+
+    lone, cycled = routed_twice(True), routed_twice(False)
+    assert lone == cycled
+    assert lone[1][1] < lone[0][1]  # the second identical prompt is expected cached

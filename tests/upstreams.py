@@ -51,8 +51,9 @@ def scripted_app(script: Script) -> Starlette:
         return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 2048}]})
 
     async def chat(request: Request) -> Response:
-        body = await request.json()
-        script.seen.append({"headers": dict(request.headers), "body": body})
+        raw = await request.body()
+        body = json.loads(raw)
+        script.seen.append({"headers": dict(request.headers), "body": body, "raw": raw})
         if script.status != 200:
             return JSONResponse(script.error_body, status_code=script.status)
         if not body.get("stream"):

@@ -16,6 +16,17 @@ if TYPE_CHECKING:
     from gateway.replicas import Replica
 
 
+def tokens_per_block(prompt_tokens: int, blocks: PrefixBlocks) -> float:
+    if not blocks.prompt_bytes:
+        return 0.0
+    return prompt_tokens * blocks.block_bytes / blocks.prompt_bytes
+
+
+def indexed_tokens(matched_blocks: int, prompt_tokens: int, blocks: PrefixBlocks) -> int:
+    """Tokens of the prompt covered by `matched_blocks` leading blocks."""
+    return min(prompt_tokens, round(matched_blocks * tokens_per_block(prompt_tokens, blocks)))
+
+
 @dataclass(frozen=True, slots=True)
 class Load:
     """One replica's load in token units (max of the engine's and our own view)."""
@@ -48,9 +59,7 @@ class Cycle:
 
     @property
     def tokens_per_block(self) -> float:
-        if not self.blocks.prompt_bytes:
-            return 0.0
-        return self.prompt_tokens * self.blocks.block_bytes / self.blocks.prompt_bytes
+        return tokens_per_block(self.prompt_tokens, self.blocks)
 
     def matched_tokens(self, replica: Replica) -> int:
         """Tokens expected cached on the replica; 0 on a hot replica (it lost affinity)."""
@@ -60,8 +69,7 @@ class Cycle:
 
     def indexed_tokens(self, replica: Replica) -> int:
         """Tokens of the prompt the prefix index holds for the replica (hot or not)."""
-        blocks = self.matched_blocks.get(replica.name, 0)
-        return min(self.prompt_tokens, round(blocks * self.tokens_per_block))
+        return indexed_tokens(self.matched_blocks.get(replica.name, 0), self.prompt_tokens, self.blocks)
 
     def uncached_tokens(self, replica: Replica) -> int:
         return self.prompt_tokens - self.matched_tokens(replica)

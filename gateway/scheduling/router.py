@@ -23,7 +23,7 @@ from gateway.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
 from gateway.protocol import prompt_parts
 from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
 from gateway.scheduling.config import SchedulingConfig
-from gateway.scheduling.cycle import Cycle, Load, Threshold, find_hot
+from gateway.scheduling.cycle import Cycle, Load, Threshold, find_hot, indexed_tokens
 from gateway.scheduling.hashing import bounded_load_choice
 from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
 from gateway.scheduling.metrics import SchedulingMetrics
@@ -74,21 +74,25 @@ class SchedulingRouter:
         return self.profile.run(cycle, list(candidates))
 
     def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
-        cycle = ctx.notes.get(_CYCLE)
-        if not isinstance(cycle, Cycle):
-            cycle = self.cycle(ctx, [replica])
         view = engine_view(replica)
         index = self.index(replica, view.capacity_tokens)
-        matched = cycle.indexed_tokens(replica) if replica.name in cycle.matched_blocks else 0
-        index.insert(cycle.blocks.hashes)
+        cycle = ctx.notes.get(_CYCLE)
+        if isinstance(cycle, Cycle):
+            blocks, prompt_tokens = cycle.blocks, cycle.prompt_tokens
+            matched = cycle.indexed_tokens(replica) if replica.name in cycle.matched_blocks else 0
+        else:  # ranked without a cycle (a lone replica): only what is learnt here
+            blocks = self.blocks(ctx)
+            prompt_tokens = self.prompt_tokens(ctx, blocks)
+            matched = indexed_tokens(index.matched_blocks(blocks.hashes), prompt_tokens, blocks)
+        index.insert(blocks.hashes)
         slot = self._slots.apply(ctx, replica, view, self._tracker)
-        kv = cycle.prompt_tokens + (ctx.output_limit or 0)
-        self._tracker.add(Routed(ctx, replica.name, kv, cycle.prompt_tokens - matched, slot))
+        kv = prompt_tokens + (ctx.output_limit or 0)
+        self._tracker.add(Routed(ctx, replica.name, kv, prompt_tokens - matched, slot))
         if ctx.session_key:
             self._tracker.remember_session(ctx.session_key, replica.name)
         m = self._metrics
         m.decisions_by(self.profile.name, replica.name).inc()
-        m.prompt_tokens_by(replica.name).inc(cycle.prompt_tokens)
+        m.prompt_tokens_by(replica.name).inc(prompt_tokens)
         m.matched_tokens_by(replica.name).inc(matched)
 
     def index(self, replica: Replica, capacity_tokens: int | None) -> PrefixIndex:
@@ -105,17 +109,20 @@ class SchedulingRouter:
 
     def cycle(self, ctx: RequestContext, candidates: list[Replica]) -> Cycle:
         blocks = self.blocks(ctx)
-        prompt_tokens = ctx.prompt_tokens or round(blocks.prompt_bytes / self._cfg.chars_per_token)
+        prompt_tokens = self.prompt_tokens(ctx, blocks)
         loads = bound_rates({r.name: self._load(r) for r in candidates}, self._cfg.max_rate_spread)
         matched = {r.name: self.index(r, loads[r.name].capacity_tokens).matched_blocks(blocks.hashes)
                    for r in candidates}
         h = self._cfg.hotspot
         hot = find_hot(list(loads.items()), Threshold(h.backlog_tokens, h.backlog_ratio),
                        Threshold(h.in_flight, h.in_flight_ratio), Threshold(h.kv_fraction, h.kv_ratio))
-        cycle = Cycle(ctx, blocks, max(0, prompt_tokens), loads, matched, hot,
+        cycle = Cycle(ctx, blocks, prompt_tokens, loads, matched, hot,
                       tie_key=ctx.session_key or f"{blocks.head:x}")
         cycle.session_target = self._session_target(ctx.session_key, candidates)
         return cycle
+
+    def prompt_tokens(self, ctx: RequestContext, blocks: PrefixBlocks) -> int:
+        return max(0, ctx.prompt_tokens or round(blocks.prompt_bytes / self._cfg.chars_per_token))
 
     def blocks(self, ctx: RequestContext) -> PrefixBlocks:
         if isinstance(ctx.prefix, PrefixBlocks):

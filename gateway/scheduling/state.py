@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.livestate import LiveState
+
 if TYPE_CHECKING:
     from gateway.replicas import Replica
 
@@ -62,6 +64,31 @@ def engine_view(replica: Replica) -> EngineView:
     state = replica.state
     if state is None:
         return EngineView(capacity_tokens=replica.config.capacity_tokens)
+    if type(state) is LiveState:
+        return _live_view(replica, state)
+    return generic_view(replica, state)
+
+
+def _live_view(replica: Replica, s: LiveState) -> EngineView:
+    """`generic_view` of the admission stage's own `LiveState`, without the name
+    lookups (it runs on every request); equal by test."""
+    cap = s.capacity_tokens
+    if cap is None or cap < 0:
+        cap = replica.config.capacity_tokens
+    used = s.kv_used_tokens
+    rate = s.prefill_tokens_per_s
+    waiting = s.engine_waiting
+    backlog = s.prefill_backlog_tokens
+    return EngineView(
+        capacity_tokens=None if cap is None else int(cap),
+        used_tokens=int(used) if used >= 0 else None,
+        backlog_tokens=int(backlog) if backlog >= 0 else None,
+        prefill_rate=float(rate) if rate > 0 else None,
+        waiting=int(waiting) if waiting is not None and waiting >= 0 else None,
+    )
+
+
+def generic_view(replica: Replica, state: Any) -> EngineView:
     num = {k: _number(_pick(state, k)) for k in ("capacity_tokens", "used_tokens", "backlog_tokens",
                                                  "prefill_rate", "waiting")}
     capacity = num["capacity_tokens"]
