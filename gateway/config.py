@@ -108,7 +108,7 @@ class LimitsConfig:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
-    """The shared upstream HTTP client (aiohttp) pool."""
+    """The shared upstream HTTP/1.1 client's keep-alive pool (gateway.httpclient)."""
 
     max_connections: int = 10000
     max_connections_per_replica: int = 0

@@ -6,7 +6,6 @@ earlier stages wrote and adds its own fields; no stage reaches back.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
     from gateway.deadlines import ClientDeadlines
     from gateway.protocol import ParsedRequest
     from gateway.replicas import Replica
+    from gateway.reqtimer import RequestTimer
 
 
 @dataclass(slots=True, eq=False)
@@ -38,7 +38,7 @@ class RequestContext:
     timeouts: TimeoutsConfig | None = None
     session_deadline: float | None = None
     start_deadline: float | None = None
-    deadline_timer: asyncio.Timeout | None = None
+    deadline_timer: RequestTimer | None = None
     session_key: str | None = None
     # policy / auth
     tenant: str | None = None

@@ -37,6 +37,7 @@ from typing import Any
 from gateway.config import GatewayConfig, TimeoutsConfig
 from gateway.context import RequestContext
 from gateway.errors import BadRequest, DeadlineExceeded
+from gateway.reqtimer import RequestTimer
 
 Clock = Callable[[], float]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -175,7 +176,7 @@ def tighten(ctx: RequestContext, when: float, source: str) -> None:
     ctx.deadline, ctx.deadline_source = when, source
     timer = ctx.deadline_timer
     if timer is not None:
-        timer.reschedule(_loop_time(timer_deadline(ctx)[0]))
+        timer.set_deadline(_loop_time(timer_deadline(ctx)[0]))
 
 
 def _loop_time(when: float) -> float:
@@ -223,20 +224,19 @@ class enforce:
     Yields the `send` to use inside: it moves the timer from the
     response-start deadline (client timeout) to the total deadline once the
     response starts. On expiry the block is cancelled (closing the upstream
-    connection) and `DeadlineExceeded` is raised. A class, not a generator
-    context manager: it runs once per request on the hot path."""
+    connection) and `DeadlineExceeded` is raised. The timer is the request's
+    one `RequestTimer` (`ctx.deadline_timer`), which the forwarder also uses
+    for its connect / first-byte / idle bounds."""
 
     __slots__ = ("_ctx", "_send", "_timer")
 
     def __init__(self, ctx: RequestContext, send: Send) -> None:
         self._ctx = ctx
         self._send = send
-        self._timer: asyncio.Timeout | None = None
+        self._timer: RequestTimer | None = None
 
     async def __aenter__(self) -> Send:
-        timer = asyncio.timeout_at(_loop_time(timer_deadline(self._ctx)[0]))
-        await timer.__aenter__()
-        self._timer = self._ctx.deadline_timer = timer
+        self._timer = self._ctx.deadline_timer = RequestTimer(_loop_time(timer_deadline(self._ctx)[0]))
         return self._timed_send
 
     async def _timed_send(self, message: MutableMapping[str, Any]) -> None:
@@ -244,18 +244,15 @@ class enforce:
         ctx = self._ctx
         if message["type"] == "http.response.start" and not ctx.response_started:
             ctx.response_started = True
-            if self._timer is not None:
-                self._timer.reschedule(_loop_time(timer_deadline(ctx)[0]))
+            if self._timer is not None and ctx.start_deadline is not None:
+                self._timer.set_deadline(_loop_time(timer_deadline(ctx)[0]))
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
         timer, self._timer = self._timer, None
         self._ctx.deadline_timer = None
         assert timer is not None
-        try:
-            await timer.__aexit__(exc_type, exc, tb)
-        except TimeoutError:
-            if not timer.expired():
-                raise
+        timer.close()
+        if exc_type is asyncio.CancelledError and timer.claim("deadline"):
             raise deadline_error(self._ctx, timer_deadline(self._ctx)[1]) from None
         return False

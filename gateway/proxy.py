@@ -28,6 +28,7 @@ from gateway.engines import adapter_for
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
 from gateway.reassemble import StreamAssembler
 from gateway.replicas import Replica
+from gateway.reqtimer import phase
 from gateway.sse import SSERelay, usage_from_body
 from gateway.upstream import UpstreamClient, UpstreamResponse
 
@@ -44,8 +45,13 @@ def _stream_upstream(replica: Replica, engine_default: bool) -> bool:
     return engine_default if mode == "auto" else mode == "always"
 
 
-async def _timed(aw: Awaitable[T], seconds: float, what: str) -> T:
+async def _timed(ctx: RequestContext, aw: Awaitable[T], seconds: float, what: str) -> T:
+    """`aw` bounded by `seconds` on the request's one timer (`gateway.reqtimer`);
+    its own timer when the request has none (a forward outside the pipeline)."""
+    timer = ctx.deadline_timer
     try:
+        if timer is not None:
+            return await phase(timer, aw, seconds, what)
         async with asyncio.timeout(seconds):
             return await aw
     except TimeoutError:
@@ -103,7 +109,7 @@ class Forwarder:
         async with AsyncExitStack() as stack:
             cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
             head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
-            resp = await _timed(stack.enter_async_context(cm), head_timeout, "response headers")
+            resp = await _timed(ctx, stack.enter_async_context(cm), head_timeout, "response headers")
             ctx.upstream_status = resp.status
             if resp.status != 200:
                 await self._raise_engine_error(ctx, replica, resp)
@@ -115,7 +121,7 @@ class Forwarder:
                 await self._relay_body(ctx, resp, send)
 
     async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
-        raw = await _timed(resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")
+        raw = await _timed(ctx, resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")
         err = adapter_for(replica.kind).normalize_error(resp.status, raw)
         if resp.status == 503:
             # The engine refused before starting (busy, loading): provably not started.
@@ -149,7 +155,7 @@ class Forwarder:
     async def _relay_stream(self, ctx: RequestContext, resp: UpstreamResponse, send: Send, injected: bool) -> None:
         timeouts = ctx.timeouts or self._cfg.timeouts
         relay = SSERelay(drop_usage_only_chunk=injected)
-        chunk = await _timed(resp.read_chunk(), timeouts.first_byte_s, "first token")
+        chunk = await _timed(ctx, resp.read_chunk(), timeouts.first_byte_s, "first token")
         ctx.mark_first_byte(time.monotonic())
         await send(self._start_message(ctx, resp.content_type, SSE_HEADERS))
         ctx.response_started = True
@@ -159,7 +165,7 @@ class Forwarder:
                 out = relay.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-                chunk = await _timed(resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
+                chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
             tail = relay.flush()
         finally:
             ctx.usage = relay.usage
@@ -171,12 +177,12 @@ class Forwarder:
         timeouts = ctx.timeouts or self._cfg.timeouts
         assert ctx.request is not None
         assembler = StreamAssembler(ctx.request.endpoint)
-        chunk = await _timed(resp.read_chunk(), timeouts.first_byte_s, "first token")
+        chunk = await _timed(ctx, resp.read_chunk(), timeouts.first_byte_s, "first token")
         ctx.mark_first_byte(time.monotonic())
         ctx.stage = "streaming"
         while chunk:
             assembler.feed(chunk)
-            chunk = await _timed(resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
+            chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
         ctx.usage = assembler.usage
         if assembler.error is not None:
             body = json.dumps({"error": assembler.error}).encode()
@@ -188,7 +194,7 @@ class Forwarder:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _relay_body(self, ctx: RequestContext, resp: UpstreamResponse, send: Send) -> None:
-        body = await _timed(resp.read_all(1 << 30), (ctx.timeouts or self._cfg.timeouts).idle_s, "body (idle gap)")
+        body = await _timed(ctx, resp.read_all(1 << 30), (ctx.timeouts or self._cfg.timeouts).idle_s, "body (idle gap)")
         ctx.mark_first_byte(time.monotonic(), run_hooks=False)
         ctx.usage = usage_from_body(body)
         await send(self._start_message(ctx, resp.content_type, [], len(body)))
