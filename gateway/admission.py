@@ -105,7 +105,8 @@ class AdmissionController:
             yield lease
             ok = True
         finally:
-            await asyncio.shield(lease.close())
+            if not lease.close_now():
+                await asyncio.shield(lease.close())
             if ok:
                 self.estimator.learn(ctx)
 

@@ -12,7 +12,8 @@ import contextlib
 import logging
 import re
 import time
-import uuid
+import itertools
+import secrets
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
@@ -75,8 +76,15 @@ class Gateway:
             forwarder=Forwarder(cfg, self.client),
         )
         self.pipeline = Pipeline(cfg, self.registry, stages, self.metrics)
+        # Request ids: a random 64-bit prefix per process + a counter (unique across
+        # instances without a getrandom syscall and a UUID object per request).
+        self._id_prefix = secrets.token_hex(8)
+        self._id_counter = itertools.count(1)
         self.public_app = self._build_public_app()
         self.admin_app = build_admin_app(self)
+
+    def new_request_id(self) -> str:
+        return f"{self._id_prefix}{next(self._id_counter):08x}"
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -161,7 +169,7 @@ class CompletionsEndpoint:
         headers = header_map(scope["headers"])
         rid = headers.get("x-request-id", "")
         ctx = RequestContext(
-            request_id=rid if _REQUEST_ID.match(rid) else uuid.uuid4().hex,
+            request_id=rid if _REQUEST_ID.match(rid) else self._gw.new_request_id(),
             endpoint=self._endpoint,
             path=scope["path"],
             headers=headers,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from gateway.replicas import Replica
 from gateway.state import Claim, Reservation, StateStore
+from gateway.state.base import LocalRelease
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +76,18 @@ class Lease:
         self._res = res
         self._ttl_s = ttl_s
         self._on_change = on_change
-        self._lock = asyncio.Lock()
+        self._lock_: asyncio.Lock | None = None  # only a prefill swap needs one
         self._task: asyncio.Task[None] | None = None
         self.prefill_held = demand.prefill_tokens if res is not None else 0
         self.kv_held = demand.kv_tokens if res is not None else 0
         self.closed = False
         on_change(self, self.kv_held, self.prefill_held, 1)
+
+    @property
+    def _lock(self) -> asyncio.Lock:
+        if self._lock_ is None:
+            self._lock_ = asyncio.Lock()
+        return self._lock_
 
     def first_byte(self) -> None:
         """Sync hook run when the first response byte arrives: the prefill is done."""
@@ -97,6 +104,24 @@ class Lease:
             await self._store.release(old)
             held, self.prefill_held = self.prefill_held, 0
             self._on_change(self, 0, -held, 0)
+
+    def close_now(self) -> bool:
+        """Release at once when nothing can interleave (no prefill swap under way,
+        an in-process store); False: use `close`."""
+        if self.closed:
+            return True
+        swapping = self._task is not None and not self._task.done()
+        locked = self._lock_ is not None and self._lock_.locked()
+        if swapping or locked or not isinstance(self._store, LocalRelease):
+            return False
+        self.closed = True
+        res, self._res = self._res, None
+        if res is not None:
+            self._store.release_now(res)
+        kv, prefill = self.kv_held, self.prefill_held
+        self.kv_held = self.prefill_held = 0
+        self._on_change(self, -kv, -prefill, -1)
+        return True
 
     async def close(self) -> None:
         """Release everything held; idempotent."""

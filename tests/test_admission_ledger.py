@@ -101,3 +101,49 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedger = LedgerMachine.TestCase
 TestLedger.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class _RemoteStore:
+    """A store without an in-process release (like Redis): closing must await."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStateStore()
+
+    async def reserve(self, claims: Any, ttl_s: float) -> Any:
+        return await self.inner.reserve(claims, ttl_s)
+
+    async def release(self, reservation: Any) -> None:
+        await asyncio.sleep(0)
+        await self.inner.release(reservation)
+
+
+def test_close_now_releases_in_process_and_defers_otherwise() -> None:
+    async def scenario() -> None:
+        changes: list[tuple[int, int, int]] = []
+
+        def on_change(lease: Lease, kv: int, prefill: int, inflight: int) -> None:
+            changes.append((kv, prefill, inflight))
+
+        from gateway.ledger import Demand, Limits, claims
+
+        demand = Demand(100, 50, 100)
+        for store, expect_now in ((MemoryStateStore(), True), (_RemoteStore(), False)):
+            res = (await store.reserve(claims("a", demand, Limits(None, None, None)), 60)).reservation
+            lease = Lease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
+            assert lease.close_now() is expect_now
+            if not expect_now:
+                await lease.close()
+            inner = store if isinstance(store, MemoryStateStore) else store.inner
+            assert inner.live_reservations == 0
+            assert lease.close_now() is True  # idempotent once closed
+        # A prefill swap under way: close_now defers to close, which waits for it.
+        store = MemoryStateStore()
+        res = (await store.reserve(claims("a", demand, Limits(None, None, None)), 60)).reservation
+        lease = Lease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
+        lease.first_byte()
+        assert lease.close_now() is False
+        await lease.close()
+        assert store.live_reservations == 0
+        assert sum(c[0] for c in changes) == 0 and sum(c[2] for c in changes) == 0
+
+    asyncio.run(scenario())

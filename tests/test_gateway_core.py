@@ -196,3 +196,14 @@ def _wait(cond: object, timeout: float = 10.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached in time")
+
+
+def test_generated_request_ids_are_unique_within_and_across_instances() -> None:
+    from gateway.app import create_app
+    from gateway.config import GatewayConfig, ReplicaConfig
+
+    cfg = GatewayConfig(replicas=(ReplicaConfig(url="http://127.0.0.1:1", kind="vllm"),))
+    a, b = create_app(cfg), create_app(cfg)
+    ids = [a.new_request_id() for _ in range(1000)] + [b.new_request_id() for _ in range(1000)]
+    assert len(set(ids)) == 2000
+    assert all(16 <= len(i) <= 128 and i.isalnum() for i in ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +74,11 @@ class StateStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LocalRelease(Protocol):
+    """An in-process store can release without suspending: a lease closing on
+    the hot path then needs no task to shield its release from cancellation."""
+
+    def release_now(self, reservation: Reservation) -> None: ...

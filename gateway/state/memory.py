@@ -46,7 +46,11 @@ class MemoryStateStore:
         self._finish(reservation.id, actual or {})
 
     async def release(self, reservation: Reservation) -> None:
-        await self.settle(reservation, None)
+        self.release_now(reservation)
+
+    def release_now(self, reservation: Reservation) -> None:
+        self._sweep()
+        self._finish(reservation.id, {})
 
     async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
         self._sweep()
