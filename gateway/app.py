@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
-import time
-import itertools
 import secrets
+import time
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
