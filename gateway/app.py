@@ -231,6 +231,7 @@ async def _race_disconnect(work: Coroutine[Any, Any, None], receive: Receive, ct
     complete."""
     current = asyncio.current_task()
     assert current is not None
+    ctx.serving_task = current
     gone = False
 
     def on_disconnect(watcher: asyncio.Future[None]) -> None:

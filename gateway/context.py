@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Callable, Iterable, Mapping
 
     from gateway.config import TimeoutsConfig
@@ -39,6 +40,7 @@ class RequestContext:
     session_deadline: float | None = None
     start_deadline: float | None = None
     deadline_timer: RequestTimer | None = None
+    serving_task: asyncio.Task[Any] | None = None  # the asyncio task serving the request (set by the endpoint)
     session_key: str | None = None
     # policy / auth
     tenant: str | None = None

@@ -236,7 +236,10 @@ class enforce:
         self._timer: RequestTimer | None = None
 
     async def __aenter__(self) -> Send:
-        self._timer = self._ctx.deadline_timer = RequestTimer(_loop_time(timer_deadline(self._ctx)[0]))
+        ctx = self._ctx
+        t = ctx.timeouts
+        horizon = min(t.first_byte_s, t.idle_s, t.total_s) if t is not None else math.inf
+        self._timer = ctx.deadline_timer = RequestTimer(_loop_time(timer_deadline(ctx)[0]), horizon, ctx.serving_task)
         return self._timed_send
 
     async def _timed_send(self, message: MutableMapping[str, Any]) -> None:

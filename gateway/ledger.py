@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from gateway.replicas import Replica
 from gateway.state import Claim, Reservation, StateStore
-from gateway.state.base import LocalRelease
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +111,13 @@ class Lease:
             return True
         swapping = self._task is not None and not self._task.done()
         locked = self._lock_ is not None and self._lock_.locked()
-        if swapping or locked or not isinstance(self._store, LocalRelease):
+        release_now = getattr(self._store, "release_now", None)  # `LocalRelease`
+        if swapping or locked or release_now is None:
             return False
         self.closed = True
         res, self._res = self._res, None
         if res is not None:
-            self._store.release_now(res)
+            release_now(res)
         kv, prefill = self.kv_held, self.prefill_held
         self.kv_held = self.prefill_held = 0
         self._on_change(self, -kv, -prefill, -1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -42,9 +42,14 @@ class RequestTimer:
         "phase_what",
     )
 
-    def __init__(self, deadline: float) -> None:
-        """`deadline`: the request's bound in loop time (`loop.time()`)."""
-        task = asyncio.current_task()
+    def __init__(self, deadline: float, horizon_s: float = math.inf,
+                 task: asyncio.Task[Any] | None = None) -> None:
+        """`deadline`: the request's bound in loop time (`loop.time()`).
+        `horizon_s`: no phase bound will be shorter than this; the timer is
+        first armed that far ahead (or at the deadline if earlier), so the
+        phases that follow never re-arm it (a request outliving the horizon
+        wakes it once, and it re-arms for what is then due)."""
+        task = task or asyncio.current_task()
         if task is None:
             raise RuntimeError("RequestTimer must be created inside a task")
         self._task = task
@@ -55,8 +60,8 @@ class RequestTimer:
         self.phase_what = ""
         self.phase_s = 0.0
         self.expired: str | None = None  # "deadline" | "phase" once fired
-        self._armed_at = deadline
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(deadline, self._fire)
+        self._armed_at = min(deadline, self._loop.time() + horizon_s)
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._armed_at, self._fire)
 
     # --- bounds -------------------------------------------------------------
 

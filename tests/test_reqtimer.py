@@ -89,3 +89,39 @@ def test_moving_the_deadline_earlier_rearms_at_once() -> None:
         return loop.time() - t0
 
     assert asyncio.run(scenario()) < 1.0
+
+
+def test_a_horizon_arms_one_timer_for_the_whole_request() -> None:
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        armed = 0
+        real_call_at = loop.call_at
+
+        def counting_call_at(when: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+            nonlocal armed
+            armed += 1
+            return real_call_at(when, callback, *args)
+
+        loop.call_at = counting_call_at  # type: ignore[method-assign]
+        timer = RequestTimer(loop.time() + 600, horizon_s=30.0)
+        await phase(timer, asyncio.sleep(0), 600.0, "response headers")
+        for _ in range(200):
+            await phase(timer, asyncio.sleep(0), 30.0, "data (idle gap)")
+        timer.close()
+        return armed
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_a_phase_longer_than_the_horizon_still_fires_on_time() -> None:
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        timer = RequestTimer(loop.time() + 30, horizon_s=0.05)
+        t0 = loop.time()
+        with pytest.raises(TimeoutError):
+            await phase(timer, asyncio.sleep(5), 0.3, "first token")
+        timer.close()
+        return loop.time() - t0
+
+    elapsed = asyncio.run(scenario())
+    assert 0.25 < elapsed < 2.0, elapsed
