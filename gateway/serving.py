@@ -14,9 +14,10 @@ import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,57 @@ def _bind_all(listeners: Sequence[Listener]) -> list[socket.socket]:
     return bound
 
 
+class _HeadWithBody:
+    """A transport view that sends a response head together with the body that
+    follows it in the same event-loop turn: uvicorn writes the head on
+    `http.response.start` and the body on `http.response.body`, two socket
+    writes (and two TCP segments) for every non-streaming answer. A head
+    is held until the body's write or the end of the turn, whichever comes
+    first (a stream's head goes out alone, before its first event); every
+    other write passes straight through."""
+
+    __slots__ = ("_transport", "_loop", "_head")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + bytes(data))
+        elif data[:5] == b"HTTP/":
+            self._head = bytes(data)
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol writing through `_HeadWithBody`."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, _HeadWithBody(transport, self.loop))
+
+
 def _make_server(listener: Listener, log_level: str) -> uvicorn.Server:
     config = uvicorn.Config(
         listener.app,
@@ -87,7 +139,7 @@ def _make_server(listener: Listener, log_level: str) -> uvicorn.Server:
         server_header=False,
         lifespan="on",
         loop="asyncio",
-        http="httptools",
+        http=_Protocol,
         timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)

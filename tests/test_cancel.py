@@ -75,7 +75,11 @@ def test_abort_non_streaming_while_generating(setup: tuple[str, Sims, RunningGat
     assert -0.05 < latency < BOUND_S[flavor]
     _engine_idle(sims)
     text = settled(gw)
-    assert metric(text, "gateway_cancellations_total", stage="waiting_first_byte") == 1
+    assert metric(text, "gateway_cancellations_total") == 1
+    if flavor == "vllm":
+        assert metric(text, "gateway_cancellations_total", stage="waiting_first_byte") == 1
+    # llama.cpp answers non-streaming requests from an upstream stream (gateway.reassemble):
+    # once its first chunk has arrived the stage is "streaming", which is timing-dependent here.
 
 
 def test_queued_request_leaves_the_queue_and_never_reaches_the_engine() -> None:
