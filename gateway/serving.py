@@ -86,7 +86,7 @@ class _HeadWithBody:
     first (a stream's head goes out alone, before its first event); every
     other write passes straight through."""
 
-    __slots__ = ("_transport", "_loop", "_head")
+    __slots__ = ("_head", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
