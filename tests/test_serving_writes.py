@@ -68,13 +68,13 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 def test_a_served_response_arrives_whole_over_keep_alive() -> None:
     port = free_port()
-    with BackgroundServers([Listener(_app, "127.0.0.1", port)]):
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            for _ in range(3):
-                s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-                data = b""
-                for _ in range(50):
-                    data += s.recv(65536)
-                    if data.endswith(b"hello"):
-                        break
-                assert data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b"\r\n\r\nhello")
+    with BackgroundServers([Listener(_app, "127.0.0.1", port)]), \
+            socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        for _ in range(3):
+            s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            data = b""
+            for _ in range(50):
+                data += s.recv(65536)
+                if data.endswith(b"hello"):
+                    break
+            assert data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b"\r\n\r\nhello")
