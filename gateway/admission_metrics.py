@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.fastmetrics import LockFreeCounter, LockFreeHistogram
 from gateway.livestate import LiveState
 from gateway.metrics import Children
 from gateway.replicas import Replica
@@ -40,12 +41,12 @@ _REPLICA_GAUGES: tuple[tuple[str, str, Callable[[LiveState], float | None]], ...
 
 class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.admitted = Counter("gateway_admission_admitted", "Requests admitted to a replica, by class.",
+        self.admitted = LockFreeCounter("gateway_admission_admitted", "Requests admitted to a replica, by class.",
                                 ["priority"], registry=registry)
         self.rejected = Counter("gateway_admission_rejected",
                                 "Requests that left admission without a lease, by class and reason.",
                                 ["priority", "reason"], registry=registry)
-        self.queue_wait = Histogram("gateway_admission_queue_wait_seconds",
+        self.queue_wait = LockFreeHistogram("gateway_admission_queue_wait_seconds",
                                     "Time spent in the gateway queue before admission, by class.",
                                     ["priority"], buckets=_WAIT_BUCKETS, registry=registry)
         self.admitted_by = Children(self.admitted)

@@ -7,15 +7,20 @@ in one process.
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-M = TypeVar("M", bound=MetricWrapperBase)
+from gateway.fastmetrics import LockFreeCounter, LockFreeGauge, LockFreeHistogram
+
+M_co = TypeVar("M_co", covariant=True)
 
 
-class Children(Generic[M]):
+class _Labelled(Protocol[M_co]):
+    def labels(self, *values: str) -> M_co: ...
+
+
+class Children(Generic[M_co]):
     """A labelled metric's children cached by label values.
 
     `metric.labels(...)` validates and stringifies on every call (~3 µs);
@@ -25,11 +30,11 @@ class Children(Generic[M]):
 
     __slots__ = ("_cache", "_metric")
 
-    def __init__(self, metric: M) -> None:
+    def __init__(self, metric: _Labelled[M_co]) -> None:
         self._metric = metric
-        self._cache: dict[tuple[str, ...], M] = {}
+        self._cache: dict[tuple[str, ...], M_co] = {}
 
-    def __call__(self, *values: str) -> M:
+    def __call__(self, *values: str) -> M_co:
         child = self._cache.get(values)
         if child is None:
             child = self._cache[values] = self._metric.labels(*values)
@@ -42,20 +47,20 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("gateway_requests", "Requests finished, by task and outcome.",
+        self.requests = LockFreeCounter("gateway_requests", "Requests finished, by task and outcome.",
                                 ["task", "outcome"], registry=r)
-        self.duration = Histogram("gateway_request_duration_seconds",
+        self.duration = LockFreeHistogram("gateway_request_duration_seconds",
                                   "Time from receipt to last byte, by task and outcome.",
                                   ["task", "outcome"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttfb = Histogram("gateway_time_to_first_byte_seconds",
+        self.ttfb = LockFreeHistogram("gateway_time_to_first_byte_seconds",
                               "Time from receipt to the first response byte sent to the client.",
                               ["task"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.upstream_attempts = Counter("gateway_upstream_attempts", "Upstream attempts by replica and result.",
+        self.upstream_attempts = LockFreeCounter("gateway_upstream_attempts", "Upstream attempts by replica and result.",
                                          ["replica", "result"], registry=r)
         self.cancellations = Counter("gateway_cancellations", "Requests whose client went away, by stage.",
                                      ["stage"], registry=r)
-        self.in_flight = Gauge("gateway_in_flight_requests", "Requests being processed.", registry=r)
-        self.admitted = Counter("gateway_requests_admitted",
+        self.in_flight = LockFreeGauge("gateway_in_flight_requests", "Requests being processed.", registry=r)
+        self.admitted = LockFreeCounter("gateway_requests_admitted",
                                 "Requests that entered the pipeline; equals the sum of gateway_requests_total "
                                 "(finished + cancelled + failed) once they settle.", registry=r)
         self.deadline_exceeded = Counter("gateway_deadline_exceeded", "Requests stopped by their deadline, by stage.",

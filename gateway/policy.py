@@ -29,6 +29,7 @@ from gateway.config import GatewayConfig, TenantConfig
 from gateway.configtools import ConfigError
 from gateway.context import RequestContext
 from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
+from gateway.fastmetrics import LockFreeCounter
 from gateway.metrics import Children
 from gateway.policyset import Policy, PolicySet, load_policy_set
 from gateway.protocol import ParsedRequest
@@ -50,7 +51,7 @@ class ActivePolicies:
 class PolicyMetrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         r = registry or CollectorRegistry()
-        self.token_counts = Counter("gateway_token_counts", "Prompt token counts by source "
+        self.token_counts = LockFreeCounter("gateway_token_counts", "Prompt token counts by source "
                                     "(estimate, engine, cache, fallback, tokenizer).", ["source"], registry=r)
         self.reloads = Counter("gateway_policy_reloads", "Policy reloads by result (ok, refused).",
                                ["result"], registry=r)

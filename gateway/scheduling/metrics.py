@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 
+from gateway.fastmetrics import LockFreeCounter
 from gateway.metrics import Children
 
 _BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1)
@@ -15,12 +16,12 @@ class SchedulingMetrics:
         self.plugin_seconds = Histogram(
             "gateway_scheduling_plugin_duration_seconds", "Time spent in one call of a scheduling plugin.",
             ["plugin", "extension"], buckets=_BUCKETS, registry=r)
-        self.decisions = Counter(
+        self.decisions = LockFreeCounter(
             "gateway_routing_decisions", "Routing decisions by policy and replica.",
             ["policy", "replica"], registry=r)
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = LockFreeCounter(
             "gateway_routing_prompt_tokens", "Prompt tokens routed (estimated).", ["replica"], registry=r)
-        self.matched_tokens = Counter(
+        self.matched_tokens = LockFreeCounter(
             "gateway_routing_matched_prefix_tokens",
             "Prompt tokens the prefix index expected to be cached on the chosen replica.",
             ["replica"], registry=r)
