@@ -300,3 +300,17 @@ def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
     lone, cycled = routed_twice(True), routed_twice(False)
     assert lone == cycled
     assert lone[1][1] < lone[0][1]  # the second identical prompt is expected cached
+
+
+def test_finished_requests_do_not_accumulate_on_a_lone_replica() -> None:
+    """A lone replica is ranked without reading the tracker; finished entries must still go."""
+    rt = router("default")
+    assert isinstance(rt, SchedulingRouter)
+    cands = replicas(1)
+    for _ in range(2000):
+        ctx = ctx_for("hello there")
+        ranked = rt.rank(ctx, cands)
+        ctx.replica = ranked[0]
+        rt.on_routed(ctx, ranked[0])
+        ctx.finished_at = 1.0
+    assert len(rt._tracker._routed["r0"]) <= 128

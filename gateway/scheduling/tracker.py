@@ -38,17 +38,29 @@ class Routed:
         return self.active and self.ctx.first_byte_at is None
 
 
+_PRUNE_MIN = 64
+
+
 class Tracker:
     def __init__(self, clock: Callable[[], float], session_ttl_s: float, max_sessions: int) -> None:
         self._clock = clock
         self._ttl = session_ttl_s
         self._max_sessions = max_sessions
         self._routed: dict[str, list[Routed]] = {}
+        self._prune_at: dict[str, int] = {}
         self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._session_counts: Counter[str] = Counter()
 
     def add(self, routed: Routed) -> None:
-        self._routed.setdefault(routed.replica, []).append(routed)
+        """Record a routed request; finished ones are dropped here too (amortised:
+        whenever the list doubles), not only when routing reads the list."""
+        name = routed.replica
+        items = self._routed.setdefault(name, [])
+        items.append(routed)
+        if len(items) >= self._prune_at.get(name, _PRUNE_MIN):
+            live = [r for r in items if r.active]
+            self._routed[name] = live
+            self._prune_at[name] = max(_PRUNE_MIN, 2 * len(live))
 
     def outstanding(self, replica: str) -> list[Routed]:
         items = self._routed.get(replica)
