@@ -28,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 from gateway.admission_metrics import AdmissionMetrics
@@ -92,23 +92,25 @@ class AdmissionController:
 
     # --- acquire ------------------------------------------------------------
 
-    @asynccontextmanager
-    async def acquire(self, ctx: RequestContext, ranked: list[Replica]) -> AsyncIterator[Lease]:
+    def acquire(self, ctx: RequestContext, ranked: list[Replica]) -> _Acquired:
+        """`async with controller.acquire(ctx, ranked) as lease:` — the lease is
+        released on leaving the block by any path."""
+        return _Acquired(self, ctx, ranked)
+
+    async def _enter(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
         if not ranked:
             raise NoHealthyReplica("No healthy replica is available.", retry_after=1.0)
         ctx.queued_at = self._clock()
         lease = await (self._admit(ctx, ranked) if self._cfg.enabled else self._pass_through(ctx, ranked))
         ctx.admitted_at = self._clock()
         ctx.first_byte_hooks.append(lease.first_byte)
-        ok = False
-        try:
-            yield lease
-            ok = True
-        finally:
-            if not lease.close_now():
-                await asyncio.shield(lease.close())
-            if ok:
-                self.estimator.learn(ctx)
+        return lease
+
+    async def _exit(self, ctx: RequestContext, lease: Lease, ok: bool) -> None:
+        if not lease.close_now():
+            await asyncio.shield(lease.close())
+        if ok:
+            self.estimator.learn(ctx)
 
     async def _pass_through(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
         replica = next((r for r in ranked if r.healthy), ranked[0])
@@ -136,6 +138,8 @@ class AdmissionController:
             param="max_tokens", code="exceeds_replica_capacity", reason="exceeds_capacity")
 
     def _queued_at_or_above(self, cls: str) -> bool:
+        if not len(self.queue):
+            return False
         rank = self.queue.rank(cls)
         return any(st.length for c, st in self.queue.stats.items() if self.queue.rank(c) <= rank)
 
@@ -290,3 +294,27 @@ class AdmissionController:
                           "drain_per_s": None if st.drain_per_s is None else round(st.drain_per_s, 3)}
                       for c, st in self.queue.stats.items()},
         }
+
+
+class _Acquired:
+    """The context manager `AdmissionController.acquire` returns (a class: it runs
+    once per request on the hot path)."""
+
+    __slots__ = ("_ctl", "_ctx", "_lease", "_ranked")
+
+    def __init__(self, ctl: AdmissionController, ctx: RequestContext, ranked: list[Replica]) -> None:
+        self._ctl = ctl
+        self._ctx = ctx
+        self._ranked = ranked
+        self._lease: Lease | None = None
+
+    async def __aenter__(self) -> Lease:
+        self._lease = await self._ctl._enter(self._ctx, self._ranked)
+        return self._lease
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await self._ctl._exit(self._ctx, lease, exc_type is None)
+        return False

@@ -15,6 +15,7 @@ is idempotent and runs in `finally` on every path.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ class Limits:
     in_flight: int | None
 
 
+@functools.lru_cache(maxsize=1024)
 def keys(replica: str) -> tuple[str, str, str]:
     base = f"adm:{replica}:"
     return base + "kv", base + "prefill", base + "inflight"
