@@ -63,6 +63,8 @@ class _PairsHook(threading.local):
 _HOOK = _PairsHook()
 _DECODER = json.JSONDecoder(object_pairs_hook=_HOOK)
 _BOM = b"\xef\xbb\xbf"
+#: canonical rendering of structured prompt parts (tools, tool calls): one encoder, built once
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -180,12 +182,12 @@ def _iter_prompt_parts(req: ParsedRequest) -> Iterator[str]:
         return
     tools = body.get("tools")
     if tools:
-        yield json.dumps(tools, sort_keys=True, separators=(",", ":"))
+        yield _CANONICAL.encode(tools)
     for msg in body.get("messages") or ():
         yield f"<|{msg.get('role')}|>"
         yield from _content_parts(msg.get("content"))
         if msg.get("tool_calls"):
-            yield json.dumps(msg["tool_calls"], sort_keys=True, separators=(",", ":"))
+            yield _CANONICAL.encode(msg["tool_calls"])
 
 
 def _content_parts(content: Any) -> Iterator[str]:
@@ -199,4 +201,4 @@ def _content_parts(content: Any) -> Iterator[str]:
         if isinstance(text, str):
             yield text
         else:
-            yield json.dumps(part, sort_keys=True, separators=(",", ":"))
+            yield _CANONICAL.encode(part)
