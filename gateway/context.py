@@ -51,7 +51,6 @@ class RequestContext:
     output_limit: int | None = None
     # route / admit
     prefix: Any = None
-    candidates: list[Replica] = field(default_factory=list)
     # replica name -> prompt tokens the router expects cached there (admission: prefill = prompt - cached)
     cached_tokens: dict[str, int] = field(default_factory=dict)
     replica: Replica | None = None

@@ -17,7 +17,6 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 from gateway import rawbody
@@ -106,10 +105,12 @@ class Forwarder:
         ctx.stage = "waiting_first_byte"
         ctx.notes["upstream_sent_at"] = time.monotonic()
         reuse = adapter.reuse_after_stream or not upstream_stream
-        async with AsyncExitStack() as stack:
-            cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
-            head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
-            resp = await _timed(ctx, stack.enter_async_context(cm), head_timeout, "response headers")
+        cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
+        head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
+        # Entered by hand so the head timeout bounds only the entry (a failed or
+        # cancelled entry frees its connection itself).
+        resp = await _timed(ctx, cm.__aenter__(), head_timeout, "response headers")
+        try:
             ctx.upstream_status = resp.status
             if resp.status != 200:
                 await self._raise_engine_error(ctx, replica, resp)
@@ -119,6 +120,10 @@ class Forwarder:
                 await self._relay_stream(ctx, resp, send, injected)
             else:
                 await self._relay_body(ctx, resp, send)
+        except BaseException as exc:
+            await cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await cm.__aexit__(None, None, None)
 
     async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
         raw = await _timed(ctx, resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")
