@@ -1,21 +1,18 @@
-"""The gateway as `gateway serve` builds it, but served on uvloop instead of
-the stdlib asyncio loop: an experiment for bench/overhead.py --gateway-uvloop.
+"""The gateway as `gateway serve` builds it, with its public listener on a
+chosen HTTP server: the A/B row of `bench/overhead.py --gateway-uvicorn`.
 
-    python -m bench.gateway_uvloop --replica vllm=URL --port P --admin-port A
+    python -m bench.gateway_proc --server uvicorn --replica vllm=URL --port P --admin-port A
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from typing import Literal, cast
 
-import uvloop
-
 from gateway.app import create_app
 from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig
-from gateway.serving import Listener, serve_all
+from gateway.serving import Listener, run, serve_all, tune_gc
 
 
 def main() -> None:
@@ -23,20 +20,23 @@ def main() -> None:
     p.add_argument("--replica", required=True, help="vllm=http://127.0.0.1:PORT")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--admin-port", type=int, required=True)
-    p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    p.add_argument("--server", choices=("lean", "uvicorn"), default="lean")
     args = p.parse_args()
     kind, url = args.replica.split("=", 1)
     engine = cast(Literal["auto", "vllm", "llamacpp"], kind)
-    cfg = GatewayConfig(listen=ListenConfig(port=args.port, admin_port=args.admin_port),
+    server = cast(Literal["lean", "uvicorn"], args.server)
+    cfg = GatewayConfig(listen=ListenConfig(port=args.port, admin_port=args.admin_port, server=server),
                         replicas=(ReplicaConfig(url=url, kind=engine),))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     gw = create_app(cfg)
-    listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port),
+    listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port, server=server),
                  Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
-    if args.loop == "uvloop":
-        uvloop.run(serve_all(listeners, log_level=cfg.log_level))
-    else:
-        asyncio.run(serve_all(listeners, log_level=cfg.log_level))
+
+    async def main_coro() -> None:
+        tune_gc()
+        await serve_all(listeners, log_level=cfg.log_level)
+
+    run(main_coro())
 
 
 if __name__ == "__main__":

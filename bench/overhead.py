@@ -2,7 +2,7 @@
 the gateway, and (when installed) through vllm-router, in one run.
 
     .venv/bin/python -m bench.overhead [--quick] [--concurrency 1,32,256]
-        [--vllm-router PATH] [--gateway-uvloop] [--out bench/results]
+        [--vllm-router PATH] [--gateway-uvicorn] [--out bench/results]
 
 Every server runs in its own process on 127.0.0.1; the load generator is
 this process (aiohttp on uvloop). For every scenario (small / ~400 KB agent
@@ -67,8 +67,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,32,256")
     p.add_argument("--vllm-router", default=None,
                    help="vllm-router binary (default: `vllm-router` on PATH, else skipped)")
-    p.add_argument("--gateway-uvloop", action="store_true",
-                   help="add a row: the same gateway app served on uvloop (bench/gateway_proc.py --loop uvloop)")
+    p.add_argument("--gateway-uvicorn", action="store_true",
+                   help="add a row: the same gateway with its public listener on uvicorn instead of the lean "
+                        "server (bench/gateway_proc.py --server uvicorn)")
     p.add_argument("--measure-s", type=float, default=None, help="override seconds per measurement")
     args = p.parse_args(argv)
     args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -102,8 +103,8 @@ def _start_servers(args: argparse.Namespace, logs: Path, router_bin: str | None,
     targets = [Target("direct", up_url, None)]
     launcher = [sys.executable, "-m", "bench.gateway_proc"]
     targets.append(_start_gateway("gateway", _gateway_argv(args), up_url, logs, procs))
-    if args.gateway_uvloop:
-        targets.append(_start_gateway("gateway-uvloop", [*launcher, "--loop", "uvloop"], up_url, logs, procs))
+    if args.gateway_uvicorn:
+        targets.append(_start_gateway("gateway-uvicorn", [*launcher, "--server", "uvicorn"], up_url, logs, procs))
     if router_bin:
         port, prom = free_port(), free_port()
         router = _spawn(procs, Proc("vllm-router", [
@@ -130,8 +131,8 @@ def _gateway_argv(args: argparse.Namespace) -> list[str]:
         args.gateway_launcher = "gateway serve"
         return [gw_bin, "serve"]
     print("note: `gateway serve --help` failed; running the same app via bench/gateway_proc.py", flush=True)
-    args.gateway_launcher = "bench.gateway_proc --loop asyncio"
-    return [sys.executable, "-m", "bench.gateway_proc", "--loop", "asyncio"]
+    args.gateway_launcher = "bench.gateway_proc --server lean"
+    return [sys.executable, "-m", "bench.gateway_proc", "--server", "lean"]
 
 
 def _start_gateway(name: str, argv: list[str], up_url: str, logs: Path, procs: list[Proc]) -> Target:

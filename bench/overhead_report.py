@@ -11,7 +11,7 @@ from bench.loadgen import LoadResult, percentile
 MAX_CPU_RATIO_SMALL = 2.0
 MAX_CPU_RATIO_CHUNK = 1.5
 MAX_ADDED_P50_MS_C1 = 1.0
-PROXIES = ("gateway", "gateway-uvloop", "vllm-router")
+PROXIES = ("gateway", "gateway-uvicorn", "vllm-router")
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:

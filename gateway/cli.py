@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig, effective_config, load_config
+from gateway.config import GatewayConfig, ReplicaConfig, effective_config, load_config
 from gateway.configtools import ConfigError
 from gateway.serving import Listener, run, serve_all, tune_gc
 
@@ -42,6 +42,8 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="public listener port (default 8080)")
     serve.add_argument("--admin-port", type=int, help="admin listener port (default 9090)")
     serve.add_argument("--policies", help="directory of task policy YAML files")
+    serve.add_argument("--server", choices=("lean", "uvicorn"),
+                       help="HTTP server of the public listener (config key listen.server; default lean)")
     serve.add_argument("--access-log", action="store_true", default=None,
                        help="log one line per finished request (config key access_log; default off)")
     check = sub.add_parser("check-config", help="validate a config and print the effective config")
@@ -61,11 +63,12 @@ def _build_parser() -> argparse.ArgumentParser:
 def _serve_config(args: argparse.Namespace) -> GatewayConfig:
     cfg = load_config(args.config) if args.config else GatewayConfig()
     listen = cfg.listen
-    listen = ListenConfig(
+    listen = dataclasses.replace(
+        listen,
         host=args.host or listen.host,
         port=listen.port if args.port is None else args.port,
-        admin_host=listen.admin_host,
         admin_port=listen.admin_port if args.admin_port is None else args.admin_port,
+        server=args.server or listen.server,
     )
     replicas = cfg.replicas + tuple(args.replica)
     if not replicas:
@@ -89,7 +92,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return 1
-    listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port),
+    listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port, server=cfg.listen.server),
                  Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
     print(f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
           f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port})", flush=True)

@@ -31,6 +31,7 @@ class ListenConfig:
     port: int = 8080
     admin_host: str = "127.0.0.1"
     admin_port: int = 9090
+    server: Literal["lean", "uvicorn"] = "lean"  # the public listener's HTTP server
 
     def __post_init__(self) -> None:
         for name in ("port", "admin_port"):

@@ -1,8 +1,10 @@
-"""Run several ASGI apps under uvicorn on one event loop.
+"""Run several ASGI apps on one event loop, each under uvicorn or the lean server.
 
 Used by `gateway serve` (public + admin listeners), `gateway sim` (N simulated
 replicas on consecutive ports), `gateway demo`, and by tests and benchmarks,
 which run the same servers in a background thread on free loopback ports.
+A listener runs under uvicorn unless it asks for `server="lean"`
+(`gateway.httpserver`, what the gateway's public listener uses by default).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Self, cast
+from typing import Any, Literal, Self, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.httpserver import LeanServer
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,7 @@ class Listener:
     app: Any
     host: str
     port: int
+    server: Literal["uvicorn", "lean"] = "uvicorn"
 
 
 def run(main: Any) -> None:
@@ -128,7 +133,9 @@ class _Protocol(HttpToolsProtocol):
         self.transport = cast(asyncio.Transport, _HeadWithBody(transport, self.loop))
 
 
-def _make_server(listener: Listener, log_level: str) -> uvicorn.Server:
+def _make_server(listener: Listener, log_level: str) -> uvicorn.Server | LeanServer:
+    if listener.server == "lean":
+        return LeanServer(listener.app, listener.host, listener.port, idle_timeout=5.0, graceful_timeout=2.0)
     config = uvicorn.Config(
         listener.app,
         host=listener.host,
@@ -175,7 +182,7 @@ class BackgroundServers:
     def __init__(self, listeners: Sequence[Listener], log_level: str = "warning") -> None:
         self._listeners = list(listeners)
         self._log_level = log_level
-        self._servers: list[uvicorn.Server] = []
+        self._servers: list[uvicorn.Server | LeanServer] = []
         self._thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._error: BaseException | None = None
@@ -215,6 +222,8 @@ class BackgroundServers:
             with contextlib.suppress(Exception):
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+            for sock in self._sockets:  # also when a startup failure skipped `_serve`'s cleanup
+                sock.close()
 
     async def _serve(self) -> None:
         tasks = [asyncio.create_task(s.serve(sockets=[sock]))

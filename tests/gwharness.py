@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
@@ -58,10 +58,11 @@ class RunningGateway:
         return httpx.get(self.admin_url + "/metrics", timeout=10).text
 
 
-def make_config(replica_urls: Sequence[str | ReplicaConfig], **overrides: Any) -> GatewayConfig:
+def make_config(replica_urls: Sequence[str | ReplicaConfig], *, server: Literal["lean", "uvicorn"] = "lean",
+                **overrides: Any) -> GatewayConfig:
     replicas = tuple(r if isinstance(r, ReplicaConfig) else ReplicaConfig(url=r) for r in replica_urls)
     overrides.setdefault("health", FAST_HEALTH)
-    listen = ListenConfig(port=free_port(), admin_port=free_port())
+    listen = ListenConfig(port=free_port(), admin_port=free_port(), server=server)
     return dataclasses.replace(GatewayConfig(), replicas=replicas, listen=listen, **overrides)
 
 
@@ -72,7 +73,7 @@ def running_gateway(replica_urls: Sequence[str | ReplicaConfig] = (), *, config:
     gw = create_app(cfg)
     host = cfg.listen.host
     servers = BackgroundServers([
-        Listener(gw.public_app, host, cfg.listen.port),
+        Listener(gw.public_app, host, cfg.listen.port, server=cfg.listen.server),
         Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port),
     ])
     with servers:

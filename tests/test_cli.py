@@ -87,3 +87,19 @@ def test_serve_without_replicas_fails_with_a_clear_error() -> None:
     result = subprocess.run([sys.executable, "-m", "gateway", "serve"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1
     assert "replicas: at least one replica is required" in result.stderr
+
+
+def test_serve_flags_override_the_config_file_and_keep_its_other_listen_keys(tmp_path: Path) -> None:
+    from gateway.cli import _build_parser, _serve_config
+
+    cfg_file = tmp_path / "gw.yaml"
+    cfg_file.write_text("listen:\n  server: uvicorn\n  port: 8181\n  admin_host: 127.0.0.2\n"
+                        "replicas:\n  - url: http://127.0.0.1:9\n")
+    parser = _build_parser()
+    from_file = _serve_config(parser.parse_args(["serve", "--config", str(cfg_file)]))
+    assert (from_file.listen.server, from_file.listen.port, from_file.listen.admin_host) == \
+        ("uvicorn", 8181, "127.0.0.2")
+    flagged = _serve_config(parser.parse_args(["serve", "--config", str(cfg_file), "--server", "lean",
+                                               "--port", "8282"]))
+    assert (flagged.listen.server, flagged.listen.port, flagged.listen.admin_host) == ("lean", 8282, "127.0.0.2")
+    assert _serve_config(parser.parse_args(["serve", "--replica", "http://127.0.0.1:9"])).listen.server == "lean"

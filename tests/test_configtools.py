@@ -47,6 +47,8 @@ def test_literal_choices_and_required_keys() -> None:
     found = problems({"replicas": [{"kind": "tgi"}]})
     assert "replicas[0].url: required key is missing" in found
     assert any("replicas[0].kind: must be one of" in p for p in found)
+    assert any(p.startswith("listen.server: must be one of 'lean', 'uvicorn'")
+               for p in problems({"listen": {"server": "nginx"}, "replicas": [{"url": "http://127.0.0.1:1"}]}))
 
 
 def test_env_references(monkeypatch: pytest.MonkeyPatch) -> None:

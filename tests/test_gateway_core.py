@@ -1,11 +1,13 @@
-"""Core proxy behaviour over real sockets: a real gateway under uvicorn, real
-upstreams on loopback, the official openai SDK and httpx as clients."""
+"""Core proxy behaviour over real sockets: a real gateway (its public listener
+on the lean server and on uvicorn), real upstreams on loopback, the official
+openai SDK and httpx as clients."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import httpx
 import openai
@@ -27,10 +29,10 @@ def scripted() -> Iterator[tuple[Script, str]]:
         yield script, f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture
-def gw_scripted(scripted: tuple[Script, str]) -> Iterator[tuple[Script, RunningGateway]]:
+@pytest.fixture(params=["lean", "uvicorn"])
+def gw_scripted(scripted: tuple[Script, str], request: pytest.FixtureRequest) -> Iterator[tuple[Script, RunningGateway]]:
     script, url = scripted
-    with running_gateway([ReplicaConfig(url=url, kind="vllm", api_key="engine-key")]) as gw:
+    with running_gateway([ReplicaConfig(url=url, kind="vllm", api_key="engine-key")], server=request.param) as gw:
         yield script, gw
 
 
@@ -117,11 +119,12 @@ def test_bad_requests(gw_scripted: tuple[Script, RunningGateway]) -> None:
     assert script.seen == []
 
 
-def test_body_too_large(scripted: tuple[Script, str]) -> None:
+@pytest.mark.parametrize("server", ["lean", "uvicorn"])
+def test_body_too_large(scripted: tuple[Script, str], server: Literal["lean", "uvicorn"]) -> None:
     from gateway.config import LimitsConfig
 
     script, url = scripted
-    with running_gateway([url], limits=LimitsConfig(max_body_bytes=4096)) as gw:
+    with running_gateway([url], server=server, limits=LimitsConfig(max_body_bytes=4096)) as gw:
         big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10000}]}
         resp = httpx.post(gw.url + "/v1/chat/completions", json=big, timeout=10)
         assert resp.status_code == 413
