@@ -14,7 +14,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -32,6 +32,7 @@ from gateway.budgets import Budgets
 from gateway.config import GatewayConfig
 from gateway.context import RequestContext, header_map
 from gateway.errors import GatewayError, NotFound, PayloadTooLarge, error_response
+from gateway.httpserver_exchange import DISCONNECT_EXTENSION
 from gateway.ingress import Ingress
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import Pipeline, Stages
@@ -184,7 +185,15 @@ class CompletionsEndpoint:
         except ClientGone:
             self._gw.metrics.cancellations.labels("ingress").inc()
             return
-        await _race_disconnect(self._gw.pipeline.handle(ctx, raw, _TrackedSend(send, ctx)), receive, ctx)
+        work = self._gw.pipeline.handle(ctx, raw, _TrackedSend(send, ctx))
+        watch = scope.get("extensions", _NO_EXTENSIONS).get(DISCONNECT_EXTENSION)
+        if watch is not None:
+            await _run_watched(work, watch, ctx)
+        else:
+            await _race_disconnect(work, receive, ctx)
+
+
+_NO_EXTENSIONS: Mapping[str, Any] = {}
 
 
 class _TrackedSend:
@@ -219,6 +228,31 @@ async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+async def _run_watched(work: Coroutine[Any, Any, None], watch: Callable[[Callable[[], None]], Callable[[], None]],
+                       ctx: RequestContext) -> None:
+    """`_race_disconnect` on a server that reports the disconnect itself (the lean
+    server's `DISCONNECT_EXTENSION`): no watcher task."""
+    current = asyncio.current_task()
+    assert current is not None
+    ctx.serving_task = current
+    gone = False
+
+    def on_disconnect() -> None:
+        nonlocal gone
+        if not ctx.response_complete and not gone:
+            gone = True
+            current.cancel()
+
+    unwatch = watch(on_disconnect)
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not gone or current.uncancel() > 0:
+            raise
+    finally:
+        unwatch()
 
 
 async def _race_disconnect(work: Coroutine[Any, Any, None], receive: Receive, ctx: RequestContext) -> None:

@@ -10,6 +10,12 @@ client disconnects or the response is complete and returns `http.disconnect`
 while more than `BODY_HIGH_WATER` bytes wait unread. `Expect: 100-continue`
 is answered on the first `receive()` that needs the body.
 
+Disconnect notification: the scope carries the extension
+`DISCONNECT_EXTENSION`, a function `watch(callback) -> unwatch` calling
+`callback()` once when the connection is lost while the exchange runs (at
+once if it already was), so an app can react to a disconnect without a task
+blocked in `receive()`.
+
 Response: the head is held until the first body chunk and written with it
 (one write for a whole response). Without `content-length`, a body sent in
 one message gets a computed length and a stream gets `transfer-encoding:
@@ -43,6 +49,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 BODY_HIGH_WATER: Final = 256 * 1024  # unread request body before reading pauses
 _COPY_LIMIT: Final = 16 * 1024  # a larger body is not copied behind its head (writelines)
 
+DISCONNECT_EXTENSION: Final = "gateway.disconnect_watch"
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _UNDECIDED = range(5)  # response framing
@@ -72,6 +79,10 @@ def _new_name(name: bytes) -> bytes:
     return lower
 
 
+def _noop() -> None:
+    pass
+
+
 class ClientDisconnected(OSError):
     """`send()` on a connection the client closed (ASGI 2.4: a subclass of OSError)."""
 
@@ -89,13 +100,15 @@ class Exchange:
 
     __slots__ = ("body_flush", "buffered", "chunks", "complete", "conn", "disconnected", "expect_continue",
                  "final_given", "head", "head_sent", "http10", "keep_alive", "mode", "more_body", "remaining",
-                 "scope", "started", "task", "transport", "waiter")
+                 "scope", "started", "task", "transport", "waiter", "watchers")
 
     def __init__(self, conn: HttpConnection, transport: asyncio.Transport, scope: Scope, keep_alive: bool,
                  http10: bool, expect_continue: bool) -> None:
         self.conn = conn
         self.transport = transport
         self.scope = scope
+        scope["extensions"] = {DISCONNECT_EXTENSION: self.watch_disconnect}
+        self.watchers: list[Callable[[], None]] | None = None  # called once when the client goes away
         self.keep_alive = keep_alive
         self.http10 = http10
         self.expect_continue = expect_continue  # `100 Continue` owed on the first receive()
@@ -145,6 +158,27 @@ class Exchange:
         if not self.disconnected:
             self.disconnected = True
             self.wake()
+            watchers, self.watchers = self.watchers, None
+            for callback in watchers or ():
+                try:
+                    callback()
+                except Exception:  # one app callback must not break closing the connection
+                    log.exception("disconnect callback failed")
+
+    def watch_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """The `DISCONNECT_EXTENSION` of the scope: `callback()` once the client is gone."""
+        if self.disconnected:
+            callback()
+            return _noop
+        if self.watchers is None:
+            self.watchers = []
+        self.watchers.append(callback)
+
+        def unwatch() -> None:
+            if self.watchers is not None and callback in self.watchers:
+                self.watchers.remove(callback)
+
+        return unwatch
 
     async def receive(self) -> Message:
         if self.expect_continue:

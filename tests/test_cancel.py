@@ -25,11 +25,14 @@ MAX_TOKENS = 8000  # ~6 s of decoding at SPEED: always cancelled long before the
 BOUND_S = {"vllm": 0.5, "llamacpp": 0.5 + 1.0 / SPEED}
 
 
-@pytest.fixture(params=["vllm", "llamacpp"])
+@pytest.fixture(params=[("vllm", "lean"), ("llamacpp", "lean"), ("vllm", "uvicorn"), ("llamacpp", "uvicorn")],
+                ids=lambda p: "-".join(p))
 def setup(request: pytest.FixtureRequest) -> Iterator[tuple[str, Sims, RunningGateway]]:
-    flavor = request.param
+    """Each engine flavour behind the gateway, its public listener on both servers
+    (the lean server reports a disconnect itself; under uvicorn a watcher task does)."""
+    flavor, server = request.param
     with running_sims([SimConfig(flavor=flavor, speed=SPEED, parallel=4, kv_tokens=65536)]) as sims, \
-            running_gateway([ReplicaConfig(url=sims.urls[0], kind=flavor)]) as gw:
+            running_gateway([ReplicaConfig(url=sims.urls[0], kind=flavor)], server=server) as gw:
         yield flavor, sims, gw
 
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gateway.httpserver import LeanServer
-from gateway.httpserver_exchange import BODY_HIGH_WATER
+from gateway.httpserver_exchange import BODY_HIGH_WATER, DISCONNECT_EXTENSION
 from gateway.serving import BackgroundServers, Listener, free_port
 
 Scope = dict[str, Any]
@@ -581,6 +581,50 @@ def test_disconnect_while_the_body_is_awaited_returns_http_disconnect(rec: Recor
         time.sleep(0.1)
         s.close()
         assert rec.wait_for(lambda ev: len(ev) == 1) == [("http.request", "http.disconnect")]
+
+
+def test_disconnect_watch_extension(rec: Recorder) -> None:
+    """`scope["extensions"][DISCONNECT_EXTENSION]`: the callback runs once when the client
+    goes away mid-response, never after a completed response or once unwatched, and at once
+    when the client is already gone."""
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(scope, receive, send)
+            return
+        watch = scope["extensions"][DISCONNECT_EXTENSION]
+        await _read_body(receive)
+        path = scope["path"]
+        unwatch = watch(lambda: rec.add((path, "gone")))
+        if path == "/unwatched":
+            unwatch()
+        if path in ("/long", "/unwatched"):
+            await asyncio.sleep(0.3)  # the client leaves meanwhile
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await send({"type": "http.response.body", "body": b"late"})
+            watch(lambda: rec.add((path, "already gone")))
+            rec.add((path, "done"))
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+        rec.add((path, "done"))
+
+    with serve(app) as port:
+        s = connect(port)
+        s.sendall(request("GET", "/quick"))
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        rec.wait_for(lambda ev: ("/quick", "done") in ev)
+        s.close()  # after the answer: not a disconnect of that exchange
+        for path in ("/long", "/unwatched"):
+            c = connect(port)
+            c.sendall(request("GET", path))
+            time.sleep(0.1)
+            c.close()
+        events = rec.wait_for(lambda ev: ("/long", "done") in ev and ("/unwatched", "done") in ev)
+    time.sleep(0.1)
+    assert events.count(("/long", "gone")) == 1
+    assert ("/long", "already gone") in events and ("/unwatched", "already gone") in events
+    assert ("/quick", "gone") not in rec.events and ("/unwatched", "gone") not in rec.events
 
 
 # --- bad input and app errors -------------------------------------------------------------------
