@@ -186,11 +186,8 @@ class CompletionsEndpoint:
             self._gw.metrics.cancellations.labels("ingress").inc()
             return
         work = self._gw.pipeline.handle(ctx, raw, _TrackedSend(send, ctx))
-        watch = scope.get("extensions", _NO_EXTENSIONS).get(DISCONNECT_EXTENSION)
-        if watch is not None:
-            await _run_watched(work, watch, ctx)
-        else:
-            await _race_disconnect(work, receive, ctx)
+        watch = scope.get("extensions", _NO_EXTENSIONS).get(DISCONNECT_EXTENSION) or _receive_watch(receive)
+        await _race_disconnect(work, watch, ctx)
 
 
 _NO_EXTENSIONS: Mapping[str, Any] = {}
@@ -230,10 +227,18 @@ async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -
             return b"".join(parts)
 
 
-async def _run_watched(work: Coroutine[Any, Any, None], watch: Callable[[Callable[[], None]], Callable[[], None]],
-                       ctx: RequestContext) -> None:
-    """`_race_disconnect` on a server that reports the disconnect itself (the lean
-    server's `DISCONNECT_EXTENSION`): no watcher task."""
+Watch = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+async def _race_disconnect(work: Coroutine[Any, Any, None], watch: Watch, ctx: RequestContext) -> None:
+    """Run the pipeline until it ends or the client goes away, whichever is first.
+
+    The pipeline runs in this task; `watch(callback)` calls back once the
+    client disconnects (the lean server's `DISCONNECT_EXTENSION`; on other
+    servers `_receive_watch`, a task blocked in `receive()`), and the callback
+    cancels this task. Once the last body byte was sent, a disconnect no
+    longer cancels: the remaining work is settling (lease release, budget
+    settle), which must complete."""
     current = asyncio.current_task()
     assert current is not None
     ctx.serving_task = current
@@ -249,42 +254,30 @@ async def _run_watched(work: Coroutine[Any, Any, None], watch: Callable[[Callabl
     try:
         await work
     except asyncio.CancelledError:
+        # Ours (the client left) is absorbed; anyone else's (shutdown) propagates.
         if not gone or current.uncancel() > 0:
             raise
     finally:
         unwatch()
 
 
-async def _race_disconnect(work: Coroutine[Any, Any, None], receive: Receive, ctx: RequestContext) -> None:
-    """Run the pipeline until it ends or the client goes away, whichever is first.
+def _receive_watch(receive: Receive) -> Watch:
+    """A `Watch` for servers without the extension: a task waiting for `http.disconnect`."""
+    def watch(callback: Callable[[], None]) -> Callable[[], None]:
+        def done(watcher: asyncio.Future[None]) -> None:
+            if not watcher.cancelled() and watcher.exception() is None:
+                callback()
 
-    The pipeline runs in this task; one watcher task blocks in `receive()`
-    until the client disconnects (no polling) and then cancels this task.
-    Once the last body byte was sent, a disconnect no longer cancels: the
-    remaining work is settling (lease release, budget settle), which must
-    complete."""
-    current = asyncio.current_task()
-    assert current is not None
-    ctx.serving_task = current
-    gone = False
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher.add_done_callback(done)
 
-    def on_disconnect(watcher: asyncio.Future[None]) -> None:
-        nonlocal gone
-        if not watcher.cancelled() and watcher.exception() is None and not ctx.response_complete:
-            gone = True
-            current.cancel()
+        def unwatch() -> None:
+            watcher.remove_done_callback(done)
+            watcher.cancel()
 
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    watcher.add_done_callback(on_disconnect)
-    try:
-        await work
-    except asyncio.CancelledError:
-        # Ours (the client left) is absorbed; anyone else's (shutdown) propagates.
-        if not gone or current.uncancel() > 0:
-            raise
-    finally:
-        watcher.remove_done_callback(on_disconnect)
-        watcher.cancel()
+        return unwatch
+
+    return watch
 
 
 async def _wait_disconnect(receive: Receive) -> None:

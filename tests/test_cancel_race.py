@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from gateway.app import _race_disconnect
+from gateway.app import _race_disconnect, _receive_watch
 from gateway.context import RequestContext
 
 
@@ -44,7 +44,7 @@ def test_watcher_asks_once_and_does_not_poll() -> None:
             await asyncio.sleep(0.3)
             done = True
 
-        await _race_disconnect(work(), client.receive, _ctx())
+        await _race_disconnect(work(), _receive_watch(client.receive), _ctx())
         return client.calls, done
 
     calls, done = asyncio.run(scenario())
@@ -67,7 +67,7 @@ def test_disconnect_cancels_the_work_at_once() -> None:
 
         loop.call_later(0.05, client.gone.set)
         t0 = loop.time()
-        await _race_disconnect(work(), client.receive, _ctx())
+        await _race_disconnect(work(), _receive_watch(client.receive), _ctx())
         return loop.time() - t0, cancelled.is_set()
 
     elapsed, cancelled = asyncio.run(scenario())
@@ -88,7 +88,7 @@ def test_disconnect_after_last_byte_lets_settling_finish() -> None:
             await asyncio.sleep(0.1)  # settling (lease release, budget settle) after the last byte
             settled = True
 
-        await _race_disconnect(work(), client.receive, ctx)
+        await _race_disconnect(work(), _receive_watch(client.receive), ctx)
         return settled
 
     assert asyncio.run(scenario())
@@ -108,7 +108,7 @@ def test_an_outside_cancellation_propagates_and_cancels_the_work() -> None:
                 work_cancelled = True
                 raise
 
-        task = asyncio.ensure_future(_race_disconnect(work(), client.receive, _ctx()))
+        task = asyncio.ensure_future(_race_disconnect(work(), _receive_watch(client.receive), _ctx()))
         await asyncio.sleep(0.05)
         task.cancel()
         try:
@@ -130,7 +130,7 @@ def test_a_disconnect_is_absorbed_and_leaves_the_task_usable() -> None:
             client.gone.set()
             await asyncio.sleep(30)
 
-        await _race_disconnect(work(), client.receive, _ctx())
+        await _race_disconnect(work(), _receive_watch(client.receive), _ctx())
         await asyncio.sleep(0.01)  # would raise CancelledError if a cancellation were left pending
         task = asyncio.current_task()
         return task is not None and task.cancelling() == 0
