@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
 import xxhash
 from prometheus_client import CollectorRegistry, Counter
@@ -66,8 +66,12 @@ class Budgets:
                                   "session budget, by reason.", ["reason"],
                                   registry=metrics_registry or CollectorRegistry())
 
-    @asynccontextmanager
-    async def reserve(self, ctx: RequestContext) -> AsyncIterator[None]:
+    def reserve(self, ctx: RequestContext) -> _Held:
+        """`async with budgets.reserve(ctx):` — reserve the worst case on entry
+        (RateLimited if a limit is reached), settle with what happened on exit."""
+        return _Held(self, ctx)
+
+    async def _enter(self, ctx: RequestContext) -> tuple[Reservation, list[Rule], int] | None:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0)
         rules = self._tenant_rules(ctx, worst)
         session = ctx.policy.session if isinstance(ctx.policy, Policy) else None
@@ -76,16 +80,16 @@ class Budgets:
             await self._check_duration(ctx, skey, session)
             rules += self._session_rules(skey, session, worst)
         if not rules:
-            yield
-            return
+            return None
         res = await self._reserve(ctx, rules)
         if session is not None and skey is not None:
             await self._store.put(skey + ":last", int(self._wall() * 1000), session.idle_ttl_s)
-        try:
-            yield
-        finally:
-            actual = {r.claim.key: _kept(r, ctx, worst) for r in rules}
-            await asyncio.shield(self._store.settle(res, actual))
+        return res, rules, worst
+
+    async def _exit(self, ctx: RequestContext, held: tuple[Reservation, list[Rule], int]) -> None:
+        res, rules, worst = held
+        actual = {r.claim.key: _kept(r, ctx, worst) for r in rules}
+        await asyncio.shield(self._store.settle(res, actual))
 
     async def _reserve(self, ctx: RequestContext, rules: list[Rule]) -> Reservation:
         remaining = (ctx.deadline or time.monotonic()) - time.monotonic()
@@ -180,3 +184,25 @@ def _tokens_used(ctx: RequestContext, worst: int) -> int:
     if total is not None:
         return min(max(0, total), worst)
     return worst if ctx.upstream_status == 200 else 0
+
+
+class _Held:
+    """The context manager `Budgets.reserve` returns (a class: it runs once per
+    request on the hot path, and most requests have no budget to reserve)."""
+
+    __slots__ = ("_budgets", "_ctx", "_held")
+
+    def __init__(self, budgets: Budgets, ctx: RequestContext) -> None:
+        self._budgets = budgets
+        self._ctx = ctx
+        self._held: tuple[Reservation, list[Rule], int] | None = None
+
+    async def __aenter__(self) -> None:
+        self._held = await self._budgets._enter(self._ctx)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        held, self._held = self._held, None
+        if held is not None:
+            await self._budgets._exit(self._ctx, held)
+        return False

@@ -27,12 +27,12 @@ class MemoryStateStore:
         self._ids = itertools.count(1)
 
     async def reserve(self, claims: Sequence[Claim], ttl_s: float) -> ReserveResult:
-        self._sweep()
+        now = self._clock()
+        self._sweep(now)
         for c in claims:
-            current = self._value(c.key)
+            current = self._value(c.key, now)
             if c.limit is not None and c.amount > 0 and current + c.amount > c.limit:
                 return ReserveResult(None, c.key, current, c.limit)
-        now = self._clock()
         for c in claims:
             self._add(c.key, c.amount, c.key_ttl_s, now)
         res = Reservation(f"m{next(self._ids)}", tuple(claims))
@@ -42,15 +42,17 @@ class MemoryStateStore:
         return ReserveResult(res)
 
     async def settle(self, reservation: Reservation, actual: Mapping[str, int] | None = None) -> None:
-        self._sweep()
-        self._finish(reservation.id, actual or {})
+        now = self._clock()
+        self._sweep(now)
+        self._finish(reservation.id, actual or {}, now)
 
     async def release(self, reservation: Reservation) -> None:
         self.release_now(reservation)
 
     def release_now(self, reservation: Reservation) -> None:
-        self._sweep()
-        self._finish(reservation.id, {})
+        now = self._clock()
+        self._sweep(now)
+        self._finish(reservation.id, {}, now)
 
     async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
         self._sweep()
@@ -85,25 +87,28 @@ class MemoryStateStore:
     def live_reservations(self) -> int:
         return len(self._live)
 
-    def _finish(self, res_id: str, actual: Mapping[str, int]) -> None:
+    def _finish(self, res_id: str, actual: Mapping[str, int], now: float | None = None) -> None:
         live = self._live.pop(res_id, None)
         if live is None:
             return
-        now = self._clock()
+        if now is None:
+            now = self._clock()
         for c in live[0].claims:
             keep = actual.get(c.key, 0)
-            delta = max(keep - c.amount, -self._value(c.key))  # never below 0
-            self._add(c.key, delta, c.key_ttl_s, now)
+            # Never below 0: the claim's own amount may have expired with its key.
+            self._add(c.key, keep - c.amount, c.key_ttl_s, now, floor=True)
 
-    def _value(self, key: str) -> int:
-        expiry = self._key_expiry.get(key)
-        if expiry is not None and expiry <= self._clock():
+    def _value(self, key: str, now: float | None = None) -> int:
+        expiry = self._key_expiry.get(key) if self._key_expiry else None
+        if expiry is not None and expiry <= (self._clock() if now is None else now):
             self._values.pop(key, None)
             self._key_expiry.pop(key, None)
         return self._values.get(key, 0)
 
-    def _add(self, key: str, delta: int, ttl: float | None, now: float) -> None:
-        value = self._value(key) + delta
+    def _add(self, key: str, delta: int, ttl: float | None, now: float, floor: bool = False) -> None:
+        value = self._value(key, now) + delta
+        if floor and value < 0:
+            value = 0
         if value == 0 and ttl is None:
             self._values.pop(key, None)
         else:
@@ -111,8 +116,9 @@ class MemoryStateStore:
         if ttl is not None:
             self._key_expiry[key] = now + ttl
 
-    def _sweep(self) -> None:
-        now = self._clock()
+    def _sweep(self, now: float | None = None) -> None:
+        if now is None:
+            now = self._clock()
         heap = self._expiry_heap
         for _ in range(_SWEEP_BATCH):
             if not heap or heap[0][0] > now:
@@ -120,4 +126,4 @@ class MemoryStateStore:
             _expires, res_id = heapq.heappop(heap)
             live = self._live.get(res_id)
             if live is not None and live[1] <= now:
-                self._finish(res_id, {})
+                self._finish(res_id, {}, now)
