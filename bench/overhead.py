@@ -2,7 +2,7 @@
 the gateway, and (when installed) through vllm-router, in one run.
 
     .venv/bin/python -m bench.overhead [--quick] [--concurrency 1,32,256]
-        [--vllm-router PATH] [--gateway-uvicorn] [--out bench/results]
+        [--vllm-router PATH] [--gateway-uvicorn] [--floor] [--out bench/results]
 
 Every server runs in its own process on 127.0.0.1; the load generator is
 this process (aiohttp on uvloop). For every scenario (small / ~400 KB agent
@@ -70,6 +70,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway-uvicorn", action="store_true",
                    help="add a row: the same gateway with its public listener on uvicorn instead of the lean "
                         "server (bench/gateway_proc.py --server uvicorn)")
+    p.add_argument("--floor", action="store_true",
+                   help="add a row: the gateway's HTTP server and upstream client with no pipeline "
+                        "(bench/floor_proxy.py), to split the gateway's CPU into substrate and pipeline")
     p.add_argument("--measure-s", type=float, default=None, help="override seconds per measurement")
     args = p.parse_args(argv)
     args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -105,6 +108,8 @@ def _start_servers(args: argparse.Namespace, logs: Path, router_bin: str | None,
     targets.append(_start_gateway("gateway", _gateway_argv(args), up_url, logs, procs))
     if args.gateway_uvicorn:
         targets.append(_start_gateway("gateway-uvicorn", [*launcher, "--server", "uvicorn"], up_url, logs, procs))
+    if args.floor:
+        targets.append(_start_gateway("floor", [sys.executable, "-m", "bench.floor_proxy"], up_url, logs, procs))
     if router_bin:
         port, prom = free_port(), free_port()
         router = _spawn(procs, Proc("vllm-router", [

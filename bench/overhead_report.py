@@ -11,7 +11,6 @@ from bench.loadgen import LoadResult, percentile
 MAX_CPU_RATIO_SMALL = 2.0
 MAX_CPU_RATIO_CHUNK = 1.5
 MAX_ADDED_P50_MS_C1 = 1.0
-PROXIES = ("gateway", "gateway-uvicorn", "vllm-router")
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:
@@ -89,7 +88,7 @@ def _vs_router(rows: list[dict[str, Any]], added: list[dict[str, Any]]) -> list[
     out = []
     for (scenario, conc, target), row in idx.items():
         ref = idx.get((scenario, conc, "vllm-router"))
-        if not target.startswith("gateway") or ref is None:
+        if target in ("direct", "vllm-router") or ref is None:
             continue
         entry = {"scenario": scenario, "concurrency": conc, "target": target,
                  "cpu_per_req_ratio": _ratio(row["proxy_cpu_us_per_req"], ref["proxy_cpu_us_per_req"]),

@@ -10,9 +10,10 @@ POST /v1/chat/completions (and /v1/completions) reads the whole body, then
 answers a canned small JSON, or for `"stream": true` N SSE chunks (one ASGI
 send each), a usage chunk when `stream_options.include_usage` is set, and
 `data: [DONE]`. GET /health → 200, GET /v1/models → one model with a large
-`max_model_len`, GET /metrics → vLLM-shaped gauges of an idle engine with
-a huge KV cache (for gateways that admit on live engine state); any other GET → 200 `{}` (and the path is logged once to
-stderr, which shows what a router probes at startup).
+`max_model_len`, GET /metrics → vLLM-shaped metrics of an idle, very fast
+engine with a huge KV cache (for gateways that admit on live engine state);
+any other GET → 200 `{}` (and the path is logged once to stderr, which shows
+what a router probes at startup).
 """
 
 from __future__ import annotations
@@ -50,19 +51,28 @@ CHUNK = b"data: " + _json({
     "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
 }) + b"\n\n"
 DONE = b"data: [DONE]\n\n"
-# A vLLM-shaped /metrics: an idle engine with a huge KV cache, so a gateway that
-# admits on live engine state never holds a request back because of this upstream.
+# A vLLM-shaped /metrics: an idle engine with a huge KV cache whose prompt and
+# generation counters advance with the work it is sent (one prompt token per 4
+# body bytes), so a gateway that measures the prefill rate sees a very fast
+# engine: admission never holds a request back because of this upstream.
 _L = f'engine="0",model_name="{MODEL}"'
-METRICS = "".join([
+METRICS_HEAD = "".join([
     "# TYPE vllm:cache_config_info gauge\n",
     f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="10000000",{_L}}} 1.0\n',
     "# TYPE vllm:kv_cache_usage_perc gauge\n", f"vllm:kv_cache_usage_perc{{{_L}}} 0.0\n",
     "# TYPE vllm:num_requests_running gauge\n", f"vllm:num_requests_running{{{_L}}} 0.0\n",
     "# TYPE vllm:num_requests_waiting gauge\n", f"vllm:num_requests_waiting{{{_L}}} 0.0\n",
-    "# TYPE vllm:prompt_tokens counter\n", f"vllm:prompt_tokens_total{{{_L}}} 0.0\n",
-    "# TYPE vllm:generation_tokens counter\n", f"vllm:generation_tokens_total{{{_L}}} 0.0\n",
     "# TYPE vllm:num_preemptions counter\n", f"vllm:num_preemptions_total{{{_L}}} 0.0\n",
-]).encode()
+])
+
+
+def metrics(prompt_tokens: int, generation_tokens: int) -> bytes:
+    return (METRICS_HEAD
+            + f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{{{_L}}} {prompt_tokens}.0\n"
+            + f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{{{_L}}} {generation_tokens}.0\n"
+            ).encode()
+
+
 _PROM = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 
 
@@ -77,6 +87,8 @@ class ZeroUpstream:
         self.chunks = chunks
         self.gap = chunk_gap_s
         self._seen_paths: set[str] = set()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -92,7 +104,7 @@ class ZeroUpstream:
         elif method == "GET" and path == "/v1/models":
             await _answer(send, 200, MODELS, _JSON)
         elif method == "GET" and path == "/metrics":
-            await _answer(send, 200, METRICS, _PROM)
+            await _answer(send, 200, metrics(self.prompt_tokens, self.generation_tokens), _PROM)
         elif method == "GET":
             if path not in self._seen_paths and len(self._seen_paths) < 100:
                 self._seen_paths.add(path)
@@ -105,6 +117,7 @@ class ZeroUpstream:
         body = await _read_body(receive)
         if body is None:
             return
+        self.prompt_tokens += len(body) // 4
         # Cheap flag detection: a full json parse of a 400 KB body would make the
         # upstream the bottleneck. The benchmark keeps the flags outside the big
         # message, so they sit in the first or last bytes whatever the key order
@@ -112,10 +125,12 @@ class ZeroUpstream:
         ends = body[:512] + body[-512:]
         stream = b'"stream":true' in ends or b'"stream": true' in ends
         if not stream:
+            self.generation_tokens += 1
             await _answer(send, 200, COMPLETION, _JSON)
             return
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         for _ in range(self.chunks):
+            self.generation_tokens += 1
             await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
             if self.gap:
                 await asyncio.sleep(self.gap)
