@@ -80,8 +80,9 @@ class LockFreeCounter(_Labelled):
                  registry: CollectorRegistry | None = None) -> None:
         self._cells: dict[tuple[str, ...], Cell] = {}
         super().__init__(name, documentation, labelnames, registry)
-        if not self._labelnames:
-            self.labels()  # an unlabelled metric is exposed (as 0) from the start
+        # An unlabelled metric is exposed (as 0) from the start, and its one
+        # cell is kept at hand: `inc` / `dec` then skip the label lookup.
+        self._only: Cell | None = None if self._labelnames else self.labels()
 
     def labels(self, *values: object) -> Cell:
         key = self._key(values)
@@ -91,7 +92,7 @@ class LockFreeCounter(_Labelled):
         return cell
 
     def inc(self, amount: float = 1.0) -> None:
-        self.labels().inc(amount)
+        (self._only or self.labels()).inc(amount)
 
     def _family(self) -> Metric:
         return CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
@@ -106,7 +107,7 @@ class LockFreeCounter(_Labelled):
 
 class LockFreeGauge(LockFreeCounter):
     def dec(self, amount: float = 1.0) -> None:
-        self.labels().dec(amount)
+        (self._only or self.labels()).dec(amount)
 
     def _family(self) -> Metric:
         return GaugeMetricFamily(self._name, self._doc, labels=self._labelnames)

@@ -137,24 +137,27 @@ class Forwarder:
 
     def _start_message(self, ctx: RequestContext, content_type: str, extra: list[tuple[bytes, bytes]],
                        length: int | None = None) -> dict[str, Any]:
-        headers = [(b"content-type", content_type.encode("latin-1"))]
-        headers += extra
+        headers = [(b"content-type", content_type.encode("latin-1")), *extra]
         if length is not None:
-            headers.append((b"content-length", str(length).encode()))
-        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.response_headers(ctx).items()]
+            headers.append((b"content-length", b"%d" % length))
+        headers += self.response_headers(ctx)
         return {"type": "http.response.start", "status": 200, "headers": headers}
 
-    def response_headers(self, ctx: RequestContext) -> dict[str, str]:
-        headers = {"x-request-id": ctx.request_id}
+    def response_headers(self, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+        """The gateway's own response headers (request id, queue and overhead
+        times, what the stages added to `ctx.response_headers`)."""
+        headers = [(b"x-request-id", ctx.request_id.encode("latin-1"))]
         if self._cfg.expose_replica_header and ctx.replica is not None:
-            headers["x-gateway-replica"] = ctx.replica.name
-        now = time.monotonic()
+            headers.append((b"x-gateway-replica", ctx.replica.name.encode("latin-1")))
         queue_ms = ctx.queue_seconds * 1000
-        sent_at = ctx.notes.get("upstream_sent_at", now)
+        sent_at = ctx.notes.get("upstream_sent_at")
+        if sent_at is None:
+            sent_at = time.monotonic()
         overhead_ms = max(0.0, (sent_at - ctx.received_at) * 1000 - queue_ms)
-        headers["x-gateway-queue-ms"] = f"{queue_ms:.1f}"
-        headers["x-gateway-overhead-ms"] = f"{overhead_ms:.2f}"
-        headers.update(ctx.response_headers)
+        headers.append((b"x-gateway-queue-ms", b"%.1f" % queue_ms))
+        headers.append((b"x-gateway-overhead-ms", b"%.2f" % overhead_ms))
+        for name, value in ctx.response_headers.items():
+            headers.append((name.encode("latin-1"), value.encode("latin-1")))
         return headers
 
     async def _relay_stream(self, ctx: RequestContext, resp: UpstreamResponse, send: Send, injected: bool) -> None:

@@ -62,9 +62,10 @@ class AdmissionQueue(Generic[T]):
         self._seq = itertools.count()
         self.stats: dict[str, ClassStats] = {c: ClassStats() for c in classes}
         self._dead = 0
+        self._length = 0  # live entries, all classes (asked on every admission)
 
     def __len__(self) -> int:
-        return sum(s.length for s in self.stats.values())
+        return self._length
 
     def rank(self, cls: str) -> int:
         return self._rank.get(cls, len(self._rank))
@@ -79,6 +80,7 @@ class AdmissionQueue(Generic[T]):
         heapq.heappush(self._heap, (entry.key(self.rank(cls)), entry))
         st.length += 1
         st.tokens += tokens
+        self._length += 1
         return entry
 
     def remove(self, entry: Entry[T], admitted: bool = False) -> bool:
@@ -89,6 +91,7 @@ class AdmissionQueue(Generic[T]):
         st = self.stats[entry.cls]
         st.length -= 1
         st.tokens -= entry.tokens
+        self._length -= 1
         self._dead += 1
         if admitted:
             self._drained(st)

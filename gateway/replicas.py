@@ -40,19 +40,16 @@ class Replica:
     max_model_len: int | None = None
     in_flight: int = 0
     state: Any = None  # live engine state (admission issue); None until polled
+    # copies of config.name / config.url (read many times per request)
+    name: str = field(init=False)
+    url: str = field(init=False)
 
     def __post_init__(self) -> None:
+        self.name = self.config.name
+        self.url = self.config.url
         if self.config.kind != "auto":
             self.kind = self.config.kind
         self.max_model_len = self.config.max_model_len
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def url(self) -> str:
-        return self.config.url
 
     def auth_headers(self) -> dict[str, str]:
         key = self.config.api_key

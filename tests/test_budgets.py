@@ -86,6 +86,34 @@ def test_reserve_settle_never_negative_and_never_over(ops: list[tuple[str, int, 
     asyncio.run(run())
 
 
+def test_released_reservations_do_not_pile_up_until_their_ttl() -> None:
+    """Admission reserves with a TTL of deadline + grace (minutes); at thousands of
+    requests/s the expiry bookkeeping must follow live reservations, not rate × TTL."""
+    clock = FakeClock(0.0)
+    store = MemoryStateStore(clock)
+
+    async def run() -> None:
+        held = []
+        for i in range(20_000):
+            res = await store.reserve([Claim("kv", 10, 1_000_000), Claim("inflight", 1, None)], ttl_s=630.0)
+            assert res.reservation is not None
+            held.append(res.reservation)
+            if len(held) > 8:  # ~8 in flight, the rest released
+                store.release_now(held.pop(0))
+            if i % 100 == 0:
+                clock.now += 0.01  # 2 s in all: nothing reaches its TTL
+            assert store.pending_expiries <= 2 * store.live_reservations + 1100
+        assert store.live_reservations == 8
+        assert await store.get(["kv", "inflight"]) == [80, 8]
+        clock.now += 631.0  # the 8 still held expire and are rolled back: each call
+        # sweeps a bounded batch, so with a compact heap a few calls reach them
+        values = [await store.get(["kv", "inflight"]) for _ in range(5)]
+        assert values[-1] == [0, 0]
+        assert store.live_reservations == 0
+
+    asyncio.run(run())
+
+
 # --- Budgets -----------------------------------------------------------------------------
 
 def test_session_tokens_settle_with_usage() -> None:

@@ -15,6 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from gateway.state.base import Claim, Reservation, ReserveResult
 
 _SWEEP_BATCH = 256
+# The expiry heap keeps an entry per reservation until its TTL (deadline +
+# grace) passes, released or not; it is rebuilt from the live reservations
+# once it holds this many more entries than twice their number, so memory
+# follows live reservations, not the request rate × TTL.
+_COMPACT_SLACK = 1024
 
 
 class MemoryStateStore:
@@ -29,10 +34,15 @@ class MemoryStateStore:
     async def reserve(self, claims: Sequence[Claim], ttl_s: float) -> ReserveResult:
         now = self._clock()
         self._sweep(now)
+        if self._key_expiry:
+            for c in claims:
+                self._value(c.key, now)  # drops the key if it expired
+        values = self._values
         for c in claims:
-            current = self._value(c.key, now)
-            if c.limit is not None and c.amount > 0 and current + c.amount > c.limit:
-                return ReserveResult(None, c.key, current, c.limit)
+            if c.limit is not None and c.amount > 0:
+                current = values.get(c.key, 0)
+                if current + c.amount > c.limit:
+                    return ReserveResult(None, c.key, current, c.limit)
         for c in claims:
             self._add(c.key, c.amount, c.key_ttl_s, now)
         res = Reservation(f"m{next(self._ids)}", tuple(claims))
@@ -45,6 +55,7 @@ class MemoryStateStore:
         now = self._clock()
         self._sweep(now)
         self._finish(reservation.id, actual or {}, now)
+        self._compact()
 
     async def release(self, reservation: Reservation) -> None:
         self.release_now(reservation)
@@ -53,6 +64,7 @@ class MemoryStateStore:
         now = self._clock()
         self._sweep(now)
         self._finish(reservation.id, {}, now)
+        self._compact()
 
     async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
         self._sweep()
@@ -87,6 +99,12 @@ class MemoryStateStore:
     def live_reservations(self) -> int:
         return len(self._live)
 
+    @property
+    def pending_expiries(self) -> int:
+        """Entries in the expiry heap (live reservations, renewals, and released
+        ones not yet compacted away): bounded by 2 × live + a constant."""
+        return len(self._expiry_heap)
+
     def _finish(self, res_id: str, actual: Mapping[str, int], now: float | None = None) -> None:
         live = self._live.pop(res_id, None)
         if live is None:
@@ -98,6 +116,13 @@ class MemoryStateStore:
             # Never below 0: the claim's own amount may have expired with its key.
             self._add(c.key, keep - c.amount, c.key_ttl_s, now, floor=True)
 
+    def _compact(self) -> None:
+        """Rebuild the expiry heap from the live reservations when most of its
+        entries belong to reservations already released (see _COMPACT_SLACK)."""
+        if len(self._expiry_heap) > 2 * len(self._live) + _COMPACT_SLACK:
+            self._expiry_heap = [(expires, rid) for rid, (_res, expires) in self._live.items()]
+            heapq.heapify(self._expiry_heap)
+
     def _value(self, key: str, now: float | None = None) -> int:
         expiry = self._key_expiry.get(key) if self._key_expiry else None
         if expiry is not None and expiry <= (self._clock() if now is None else now):
@@ -106,7 +131,7 @@ class MemoryStateStore:
         return self._values.get(key, 0)
 
     def _add(self, key: str, delta: int, ttl: float | None, now: float, floor: bool = False) -> None:
-        value = self._value(key, now) + delta
+        value = (self._value(key, now) if self._key_expiry else self._values.get(key, 0)) + delta
         if floor and value < 0:
             value = 0
         if value == 0 and ttl is None:
