@@ -121,7 +121,7 @@ class AdmissionController:
         demand = self.estimator.demand(ctx)
         self._check_fits(ctx, cls, demand, ranked)
         if not self._queued_at_or_above(cls):
-            lease = await self._try_ranked(ctx, ranked, cls)
+            lease = await self._try_ranked(ctx, ranked, cls, demand)
             if lease is not None:
                 self._count_admitted(cls, 0.0)
                 return lease
@@ -226,13 +226,20 @@ class AdmissionController:
 
     # --- the decision -------------------------------------------------------
 
-    async def _try_ranked(self, ctx: RequestContext, ranked: list[Replica], cls: str) -> Lease | None:
+    async def _try_ranked(self, ctx: RequestContext, ranked: list[Replica], cls: str,
+                          uncached: Demand | None = None) -> Lease | None:
+        """`uncached`: the demand with nothing cached (`estimator.demand(ctx)`), when known."""
+        cached = ctx.cached_tokens
         for replica in ranked:
-            demand = self.estimator.demand(ctx, replica.name)
+            if uncached is None or cached.get(replica.name):
+                demand = self.estimator.demand(ctx, replica.name)
+            else:
+                demand = uncached
             limits = self._limits(replica, demand, cls)
             if isinstance(limits, str):
                 continue
-            ttl = max(0.0, (ctx.deadline or self._clock()) - self._clock()) + self._cfg.lease_grace_s
+            now = self._clock()
+            ttl = max(0.0, (ctx.deadline or now) - now) + self._cfg.lease_grace_s
             result = await self._store.reserve(claims(replica.name, demand, limits), ttl)
             if result.reservation is not None:
                 return Lease(replica, demand, self._store, result.reservation, ttl, self._delta)

@@ -63,6 +63,9 @@ class ClientDeadlines:
     client_timeout_s: float | None = None
 
 
+_NO_CLIENT = ClientDeadlines()
+
+
 def parse_headers(headers: Mapping[str, str], received_at: float,
                   wall: Clock = time.time, mono: Clock = time.monotonic) -> ClientDeadlines:
     """Parse the deadline headers of a request (raises `InvalidDeadlineHeader`)."""
@@ -126,24 +129,36 @@ def resolve(ctx: RequestContext, cfg: GatewayConfig) -> None:
     Run after the policy stage (`ctx.policy`). A session deadline known by
     then (`ctx.session_deadline`) is included; one found later is applied
     with `tighten`."""
-    client = ctx.client_deadlines or ClientDeadlines()
+    client = ctx.client_deadlines or _NO_CLIENT
     base = policy_timeouts(ctx.policy, cfg.timeouts)
     default_s, max_s = _policy_deadline(ctx.policy)
     default_s = default_s if default_s is not None else base.total_s
     cap_s = max_s if max_s is not None else max(default_s, cfg.timeouts.total_s)
-    explicit = _earliest([(client.absolute, DEADLINE_HEADER), (client.relative, TIMEOUT_HEADER)])
-    candidates: list[tuple[float | None, str]] = [
-        explicit or (ctx.received_at + default_s, "policy_default"),
-        (ctx.received_at + cap_s, "policy_max"),
-        (ctx.session_deadline, "session"),
-    ]
-    chosen = _earliest(candidates)
-    assert chosen is not None
-    ctx.deadline, ctx.deadline_source = chosen
+    # The earliest of: the client's header deadline (else the policy default),
+    # the policy maximum, the session's deadline; on a tie, the first named.
+    if client.absolute is None and client.relative is None:
+        when, source = ctx.received_at + default_s, "policy_default"
+    else:
+        explicit = _earliest([(client.absolute, DEADLINE_HEADER), (client.relative, TIMEOUT_HEADER)])
+        assert explicit is not None
+        when, source = explicit
+    if ctx.received_at + cap_s < when:
+        when, source = ctx.received_at + cap_s, "policy_max"
+    session = ctx.session_deadline
+    if session is not None and session < when:
+        when, source = session, "session"
+    ctx.deadline, ctx.deadline_source = when, source
     if client.client_timeout_s is not None:
         ctx.start_deadline = ctx.received_at + client.client_timeout_s
-        base = dataclasses.replace(base, idle_s=min(base.idle_s, client.client_timeout_s))
+        if client.client_timeout_s < base.idle_s:
+            base = _idle_capped(base, client.client_timeout_s)
     ctx.timeouts = base
+
+
+@functools.lru_cache(maxsize=256)
+def _idle_capped(base: TimeoutsConfig, idle_s: float) -> TimeoutsConfig:
+    # The OpenAI SDKs send their timeout on every request (a handful of values).
+    return dataclasses.replace(base, idle_s=idle_s)
 
 
 def policy_timeouts(policy: Any, defaults: TimeoutsConfig) -> TimeoutsConfig:

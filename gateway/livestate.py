@@ -76,6 +76,11 @@ class LiveState(NamedTuple):
         return out
 
 
+# Field order of LiveState: capacity, used, leased, backlog, in_flight, then the rest.
+_make_live = LiveState._make
+assert LiveState._fields[2:5] == ("leased_tokens", "prefill_backlog_tokens", "in_flight")
+
+
 class RateMeter:
     """EWMA of counter deltas per second, sampled only when `busy`."""
 
@@ -129,8 +134,14 @@ class ReplicaLive:
         return self._publish(now)
 
     def ledger_changed(self, leased: int, backlog: int, in_flight: int, now: float) -> LiveState:
+        """The ledger moved (twice per request): when the reading's staleness is
+        unchanged, only the three ledger fields of the snapshot change."""
         self.leased, self.backlog, self.in_flight = leased, backlog, in_flight
-        return self._publish(now)
+        s = self.state
+        if s.stale != self._stale(now):
+            return self._publish(now)
+        self.state = _make_live((s[0], s[1], leased, backlog, in_flight, *s[5:]))
+        return self.state
 
     def _publish(self, now: float) -> LiveState:
         self.state = self._snapshot(now)
@@ -145,9 +156,13 @@ class ReplicaLive:
             return r.prompt_tokens_per_s
         return self._cfg.default_prefill_tokens_per_s
 
+    def _stale(self, now: float | None) -> bool:
+        return (self.reading is None or now is None or self.read_at is None
+                or now - self.read_at > self._cfg.stale_after_s)
+
     def _snapshot(self, now: float | None) -> LiveState:
         r = self.reading
-        stale = r is None or now is None or self.read_at is None or now - self.read_at > self._cfg.stale_after_s
+        stale = self._stale(now)
         max_in_flight = self._cfg.max_in_flight
         if r is not None and r.max_in_flight is not None:
             max_in_flight = min(max_in_flight or r.max_in_flight, r.max_in_flight)

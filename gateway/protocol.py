@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,8 +63,32 @@ class _PairsHook(threading.local):
 _HOOK = _PairsHook()
 _DECODER = json.JSONDecoder(object_pairs_hook=_HOOK)
 _BOM = b"\xef\xbb\xbf"
-#: canonical rendering of structured prompt parts (tools, tool calls): one encoder, built once
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
+def _canonical_encoder() -> Callable[[Any], str]:
+    """Canonical JSON of structured prompt parts (tools, tool calls): sorted keys,
+    no spaces, ASCII, as `json.dumps(o, sort_keys=True, separators=(",", ":"))`.
+
+    `JSONEncoder.encode` builds a new C encoder (and a closure) on every call,
+    ~2 µs; an agent history renders one part per tool call. Parsed JSON has no
+    cycles, so one C encoder without the circular check serves every call."""
+    fallback = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator (other Pythons)
+        return fallback
+    encode_chunks = make(None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True)
+
+    def canonical(obj: Any) -> str:
+        return "".join(encode_chunks(obj, 0))
+
+    return canonical
+
+
+def _not_json(obj: Any) -> Any:
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+canonical_json = _canonical_encoder()
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -99,15 +123,14 @@ def _type_error(param: str, expected: str, value: Any) -> BadRequest:
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise _type_error("messages", "a non-empty array", messages)
-    for i, msg in enumerate(messages):
-        param = f"messages[{i}]"
+    for i, msg in enumerate(messages):  # the param names are built only for an error
         if not isinstance(msg, dict):
-            raise _type_error(param, "an object", msg)
+            raise _type_error(f"messages[{i}]", "an object", msg)
         if not isinstance(msg.get("role"), str):
-            raise _type_error(f"{param}.role", "a string", msg.get("role"))
+            raise _type_error(f"messages[{i}].role", "a string", msg.get("role"))
         content = msg.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise _type_error(f"{param}.content", "a string or an array of parts", content)
+            raise _type_error(f"messages[{i}].content", "a string or an array of parts", content)
 
 
 def _check_prompt(prompt: Any) -> None:
@@ -182,12 +205,12 @@ def _iter_prompt_parts(req: ParsedRequest) -> Iterator[str]:
         return
     tools = body.get("tools")
     if tools:
-        yield _CANONICAL.encode(tools)
+        yield canonical_json(tools)
     for msg in body.get("messages") or ():
         yield f"<|{msg.get('role')}|>"
         yield from _content_parts(msg.get("content"))
         if msg.get("tool_calls"):
-            yield _CANONICAL.encode(msg["tool_calls"])
+            yield canonical_json(msg["tool_calls"])
 
 
 def _content_parts(content: Any) -> Iterator[str]:
@@ -201,4 +224,4 @@ def _content_parts(content: Any) -> Iterator[str]:
         if isinstance(text, str):
             yield text
         else:
-            yield _CANONICAL.encode(part)
+            yield canonical_json(part)

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import BadRequest, InvalidJSON
-from gateway.protocol import parse_request, prompt_parts
+from gateway.protocol import canonical_json, parse_request, prompt_parts
 
 
 def test_chat_request_is_normalised() -> None:
@@ -52,3 +56,19 @@ def test_canonical_parts_order_tools_then_messages() -> None:
     req = parse_request("chat", b'{"tools":[{"type":"function"}],"messages":[{"role":"system","content":"S"},'
                                 b'{"role":"user","content":[{"type":"text","text":"T"}]}]}')
     assert list(prompt_parts(req)) == ['[{"type":"function"}]', "<|system|>", "S", "<|user|>", "T"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values)
+def test_canonical_json_is_sorted_compact_ascii_json_dumps(value: object) -> None:
+    """The reused C encoder renders prompt parts exactly as `json.dumps` would (the
+    prefix hashes and token estimates depend on these bytes), call after call."""
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    assert canonical_json(value) == expected
+    assert canonical_json(value) == expected
