@@ -128,13 +128,18 @@ class AdmissionController:
         return await self._wait(ctx, ranked, cls, demand)
 
     def _check_fits(self, ctx: RequestContext, cls: str, demand: Demand, ranked: list[Replica]) -> None:
-        caps = [r.state.capacity_tokens if isinstance(r.state, LiveState) else None for r in ranked]
-        if any(c is None for c in caps) or demand.kv_tokens <= max(c or 0 for c in caps):
+        largest = 0
+        for r in ranked:
+            cap = r.state.capacity_tokens if isinstance(r.state, LiveState) else None
+            if cap is None:
+                return  # a replica of unknown size might hold it
+            largest = max(largest, cap)
+        if demand.kv_tokens <= largest:
             return
         self._reject(cls, "exceeds_capacity")
         raise BadRequest(
             f"This request needs {demand.kv_tokens} KV tokens ({demand.prompt_tokens} prompt + "
-            f"{demand.output_tokens} output), more than any replica holds ({max(c or 0 for c in caps)}).",
+            f"{demand.output_tokens} output), more than any replica holds ({largest}).",
             param="max_tokens", code="exceeds_replica_capacity", reason="exceeds_capacity")
 
     def _queued_at_or_above(self, cls: str) -> bool:

@@ -17,15 +17,15 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.replicas import Replica
 from gateway.state import Claim, Reservation, StateStore
 
 
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """What one request needs on a replica, in tokens."""
+class Demand(NamedTuple):
+    """What one request needs on a replica, in tokens (a NamedTuple: built on
+    every admission decision)."""
 
     prompt_tokens: int
     output_tokens: int
@@ -36,8 +36,7 @@ class Demand:
         return self.prompt_tokens + self.output_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(NamedTuple):
     """Counter limits for one reserve, computed at decision time (None: unbounded)."""
 
     kv: int | None
