@@ -20,16 +20,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
 _SEP = "\x1f"
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixBlocks:
-    """One prompt's chained block hashes and its size."""
+class PrefixBlocks(NamedTuple):
+    """One prompt's chained block hashes and its size (a NamedTuple: built per request)."""
 
     hashes: tuple[int, ...]
     prompt_bytes: int

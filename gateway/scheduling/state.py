@@ -5,8 +5,7 @@ the router falls back to its own bookkeeping or to config defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.livestate import LiveState
 
@@ -25,8 +24,9 @@ _NAMES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class EngineView:
+class EngineView(NamedTuple):
+    """What routing reads of a replica's engine (a NamedTuple: built per request)."""
+
     capacity_tokens: int | None = None
     used_tokens: int | None = None
     backlog_tokens: int | None = None
