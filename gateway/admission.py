@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -38,7 +38,7 @@ from gateway.config import PRIORITY_CLASSES, AdmissionConfig
 from gateway.context import RequestContext
 from gateway.demand import DemandEstimator
 from gateway.errors import BadRequest, NoHealthyReplica, Overloaded
-from gateway.ledger import Demand, Lease, Limits, claims
+from gateway.ledger import Demand, Lease, Limits, SharedLease, claims
 from gateway.livestate import LiveState, ReplicaLive
 from gateway.queue import AdmissionQueue, Entry, QueueFull
 from gateway.replicas import Replica, ReplicaRegistry
@@ -60,6 +60,8 @@ class AdmissionController:
                  metrics: AdmissionMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._cfg = cfg
         self._store: StateStore = store if store is not None else MemoryStateStore(clock)
+        # An in-process store: the trackers below are the ledger (`gateway.ledger`).
+        self._local = not getattr(self._store, "shared", True)
         self._clock = clock
         self.metrics = metrics
         self.estimator = DemandEstimator(cfg)
@@ -97,35 +99,40 @@ class AdmissionController:
         released on leaving the block by any path."""
         return _Acquired(self, ctx, ranked)
 
-    async def _enter(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
+    def _begin(self, ctx: RequestContext, ranked: list[Replica]) -> Lease | None:
+        """The part of admission that never suspends: a lease granted now, or
+        None (the request must reserve in a shared store or wait in the queue)."""
         if not ranked:
             raise NoHealthyReplica("No healthy replica is available.", retry_after=1.0)
         ctx.queued_at = self._clock()
-        lease = await (self._admit(ctx, ranked) if self._cfg.enabled else self._pass_through(ctx, ranked))
-        ctx.admitted_at = self._clock()
-        ctx.first_byte_hooks.append(lease.first_byte)
-        return lease
-
-    async def _exit(self, ctx: RequestContext, lease: Lease, ok: bool) -> None:
-        if not lease.close_now():
-            await asyncio.shield(lease.close())
-        if ok:
-            self.estimator.learn(ctx)
-
-    async def _pass_through(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
-        replica = next((r for r in ranked if r.healthy), ranked[0])
-        return Lease(replica, self.estimator.demand(ctx), self._store, None, 0.0, self._delta)
-
-    async def _admit(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
+        if not self._cfg.enabled:
+            replica = next((r for r in ranked if r.healthy), ranked[0])
+            return self._granted(ctx, Lease(replica, self.estimator.demand(ctx), self._delta, held=False))
         cls = self._class(ctx)
         demand = self.estimator.demand(ctx)
         self._check_fits(ctx, cls, demand, ranked)
-        if not self._queued_at_or_above(cls):
+        if self._local and not self._queued_at_or_above(cls):
+            lease = self._try_local(ctx, ranked, cls, demand)
+            if lease is not None:
+                self._count_admitted(cls, 0.0)
+                return self._granted(ctx, lease)
+        return None
+
+    async def _enter(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
+        """After `_begin` returned None: reserve in the shared store, or queue."""
+        cls = self._class(ctx)
+        demand = self.estimator.demand(ctx)
+        if not self._local and not self._queued_at_or_above(cls):
             lease = await self._try_ranked(ctx, ranked, cls, demand)
             if lease is not None:
                 self._count_admitted(cls, 0.0)
-                return lease
-        return await self._wait(ctx, ranked, cls, demand)
+                return self._granted(ctx, lease)
+        return self._granted(ctx, await self._wait(ctx, ranked, cls, demand))
+
+    def _granted(self, ctx: RequestContext, lease: Lease) -> Lease:
+        ctx.admitted_at = self._clock()
+        ctx.first_byte_hooks.append(lease.first_byte)
+        return lease
 
     def _check_fits(self, ctx: RequestContext, cls: str, demand: Demand, ranked: list[Replica]) -> None:
         largest = 0
@@ -234,6 +241,28 @@ class AdmissionController:
     async def _try_ranked(self, ctx: RequestContext, ranked: list[Replica], cls: str,
                           uncached: Demand | None = None) -> Lease | None:
         """`uncached`: the demand with nothing cached (`estimator.demand(ctx)`), when known."""
+        if self._local:
+            return self._try_local(ctx, ranked, cls, uncached)
+        for replica, demand, limits in self._fitting(ctx, ranked, cls, uncached):
+            now = self._clock()
+            ttl = max(0.0, (ctx.deadline or now) - now) + self._cfg.lease_grace_s
+            result = await self._store.reserve(claims(replica.name, demand, limits), ttl)
+            if result.reservation is not None:
+                return SharedLease(replica, demand, self._store, result.reservation, ttl, self._delta)
+        return None
+
+    def _try_local(self, ctx: RequestContext, ranked: list[Replica], cls: str,
+                   uncached: Demand | None = None) -> Lease | None:
+        """The in-process ledger: the trackers' counters are the whole ledger, and
+        `_limits` checked them without suspending, so a fit is a grant."""
+        for replica, demand, _limits in self._fitting(ctx, ranked, cls, uncached):
+            return Lease(replica, demand, self._delta)
+        return None
+
+    def _fitting(self, ctx: RequestContext, ranked: list[Replica], cls: str,
+                 uncached: Demand | None) -> Iterator[tuple[Replica, Demand, Limits]]:
+        """The ranked replicas that can admit now, in order, with the demand and
+        reserve limits on each."""
         cached = ctx.cached_tokens
         for replica in ranked:
             if uncached is None or cached.get(replica.name):
@@ -241,14 +270,8 @@ class AdmissionController:
             else:
                 demand = uncached
             limits = self._limits(replica, demand, cls)
-            if isinstance(limits, str):
-                continue
-            now = self._clock()
-            ttl = max(0.0, (ctx.deadline or now) - now) + self._cfg.lease_grace_s
-            result = await self._store.reserve(claims(replica.name, demand, limits), ttl)
-            if result.reservation is not None:
-                return Lease(replica, demand, self._store, result.reservation, ttl, self._delta)
-        return None
+            if not isinstance(limits, str):
+                yield replica, demand, limits
 
     def _limits(self, replica: Replica, demand: Demand, cls: str) -> Limits | str:
         """The reserve limits on `replica`, or why it cannot admit now."""
@@ -321,12 +344,18 @@ class _Acquired:
         self._lease: Lease | None = None
 
     async def __aenter__(self) -> Lease:
-        self._lease = await self._ctl._enter(self._ctx, self._ranked)
-        return self._lease
+        lease = self._ctl._begin(self._ctx, self._ranked)
+        if lease is None:
+            lease = await self._ctl._enter(self._ctx, self._ranked)
+        self._lease = lease
+        return lease
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
         lease, self._lease = self._lease, None
         if lease is not None:
-            await self._ctl._exit(self._ctx, lease, exc_type is None)
+            if not lease.close_now():
+                await asyncio.shield(lease.close())
+            if exc_type is None:
+                self._ctl.estimator.learn(self._ctx)
         return False

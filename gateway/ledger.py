@@ -1,15 +1,18 @@
-"""The token ledger: per-replica leases held through the `StateStore`.
+"""The token ledger: what each admitted request holds on its replica.
 
-Three counters per replica (`adm:<replica>:kv|prefill|inflight`). A lease is
-one atomic `reserve` with a claim on each, so the check "does it still fit?"
-and the update happen together — in-process now, in one Lua script with
-Redis later, so several gateways sharing a store never oversubscribe.
+Three counters per replica: KV tokens, prefill backlog, requests in flight.
+With an in-process store (one gateway) the admission trackers hold them:
+the check "does it still fit?" and the update run without suspending, so
+they are atomic on the event loop (`Lease`). With a store that several
+gateway instances share, a lease is also one atomic `reserve` with a claim
+on each counter (`adm:<replica>:kv|prefill|inflight`), so the instances
+never oversubscribe together (`SharedLease`).
 
 When the first response byte arrives the prefill work is done: the lease
-swaps its reservation for one without the prefill claim (reserve the rest
-unconditionally, then release the old one: the backlog is briefly
-over-counted, never under-counted). `close` releases whatever is held; it
-is idempotent and runs in `finally` on every path.
+drops its prefill claim (a shared lease swaps its reservation for one
+without it: reserve the rest unconditionally, then release the old one, so
+the backlog is briefly over-counted, never under-counted). `close` releases
+whatever is held; it is idempotent and runs in `finally` on every path.
 """
 
 from __future__ import annotations
@@ -62,26 +65,65 @@ Delta = Callable[["Lease", int, int, int], None]  # (lease, Δkv, Δprefill, Δi
 
 
 class Lease:
-    """A held reservation on `replica`; `.replica` is what the pipeline forwards to.
+    """Tokens held on `replica`; `.replica` is what the pipeline forwards to.
 
-    `res` is None for a pass-through lease (admission disabled): nothing is
-    reserved, but in-flight counts are still reported through `on_change`.
+    This base class is the in-process ledger: with an in-process store no
+    other gateway reserves on these replicas, so the counters the admission
+    trackers keep (fed through `on_change`) are the whole ledger, checked and
+    updated without suspending. `held=False` is a pass-through lease
+    (admission disabled): nothing is held, but in-flight counts are still
+    reported. `SharedLease` holds the same amounts in a shared `StateStore`.
     """
 
-    def __init__(self, replica: Replica, demand: Demand, store: StateStore, res: Reservation | None,
-                 ttl_s: float, on_change: Delta) -> None:
+    __slots__ = ("_on_change", "closed", "demand", "kv_held", "prefill_held", "replica")
+
+    def __init__(self, replica: Replica, demand: Demand, on_change: Delta, held: bool = True) -> None:
         self.replica = replica
         self.demand = demand
-        self._store = store
-        self._res = res
-        self._ttl_s = ttl_s
         self._on_change = on_change
-        self._lock_: asyncio.Lock | None = None  # only a prefill swap needs one
-        self._task: asyncio.Task[None] | None = None
-        self.prefill_held = demand.prefill_tokens if res is not None else 0
-        self.kv_held = demand.kv_tokens if res is not None else 0
+        self.prefill_held = demand.prefill_tokens if held else 0
+        self.kv_held = demand.prompt_tokens + demand.output_tokens if held else 0
         self.closed = False
         on_change(self, self.kv_held, self.prefill_held, 1)
+
+    def first_byte(self) -> None:
+        """Sync hook run when the first response byte arrives: the prefill is done."""
+        if self.prefill_held and not self.closed:
+            held, self.prefill_held = self.prefill_held, 0
+            self._on_change(self, 0, -held, 0)
+
+    def close_now(self) -> bool:
+        """Release at once if nothing can interleave; False: use `close`."""
+        if not self.closed:
+            self.closed = True
+            self._give_back()
+        return True
+
+    async def close(self) -> None:
+        """Release everything held; idempotent."""
+        self.close_now()
+
+    def _give_back(self) -> None:
+        kv, prefill = self.kv_held, self.prefill_held
+        self.kv_held = self.prefill_held = 0
+        self._on_change(self, -kv, -prefill, -1)
+
+
+class SharedLease(Lease):
+    """A lease whose amounts are also held as one reservation in a `StateStore`
+    that other gateway instances share (`res`), expiring after `ttl_s` unless
+    released, so a crashed holder cannot leak capacity."""
+
+    __slots__ = ("_lock_", "_res", "_store", "_task", "_ttl_s")
+
+    def __init__(self, replica: Replica, demand: Demand, store: StateStore, res: Reservation,
+                 ttl_s: float, on_change: Delta) -> None:
+        self._store = store
+        self._res: Reservation | None = res
+        self._ttl_s = ttl_s
+        self._lock_: asyncio.Lock | None = None  # only a prefill swap needs one
+        self._task: asyncio.Task[None] | None = None
+        super().__init__(replica, demand, on_change)
 
     @property
     def _lock(self) -> asyncio.Lock:
@@ -90,7 +132,6 @@ class Lease:
         return self._lock_
 
     def first_byte(self) -> None:
-        """Sync hook run when the first response byte arrives: the prefill is done."""
         if self.prefill_held and self._task is None and not self.closed:
             self._task = asyncio.get_running_loop().create_task(self._end_prefill())
 
@@ -107,7 +148,7 @@ class Lease:
 
     def close_now(self) -> bool:
         """Release at once when nothing can interleave (no prefill swap under way,
-        an in-process store); False: use `close`."""
+        a store that releases without suspending); False: use `close`."""
         if self.closed:
             return True
         swapping = self._task is not None and not self._task.done()
@@ -119,13 +160,10 @@ class Lease:
         res, self._res = self._res, None
         if res is not None:
             release_now(res)
-        kv, prefill = self.kv_held, self.prefill_held
-        self.kv_held = self.prefill_held = 0
-        self._on_change(self, -kv, -prefill, -1)
+        self._give_back()
         return True
 
     async def close(self) -> None:
-        """Release everything held; idempotent."""
         if self._task is not None and not self._task.done():
             # Let a started swap finish (it holds the lock), so nothing is left reserved.
             await asyncio.shield(self._task)
@@ -136,6 +174,4 @@ class Lease:
             res, self._res = self._res, None
             if res is not None:
                 await self._store.release(res)
-            kv, prefill = self.kv_held, self.prefill_held
-            self.kv_held = self.prefill_held = 0
-            self._on_change(self, -kv, -prefill, -1)
+            self._give_back()

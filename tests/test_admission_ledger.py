@@ -1,4 +1,6 @@
-"""State machine: the ledger never admits beyond a replica's capacity under any interleaving."""
+"""State machine: the ledger never admits beyond a replica's capacity under any
+interleaving, both in-process (the trackers are the ledger) and through a
+shared store (every lease is also a reservation)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from gateway.admission import AdmissionController
 from gateway.config import AdmissionConfig, ReplicaConfig
 from gateway.context import RequestContext
 from gateway.engines.metrics import EngineReading
-from gateway.ledger import Lease, keys
+from gateway.ledger import Lease, SharedLease, keys
 from gateway.replicas import ReplicaRegistry
 from gateway.state import MemoryStateStore
 
@@ -28,14 +30,21 @@ def _ctx(prompt: int, output: int, cls: str) -> RequestContext:
     return ctx
 
 
+class SharedMemoryStore(MemoryStateStore):
+    """The in-process store presented as shared, as a Redis store would be."""
+
+    shared = True
+
+
 class LedgerMachine(RuleBasedStateMachine):
     leases = Bundle("leases")
+    store_class: type[MemoryStateStore] = MemoryStateStore
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.now = 0.0
-        self.store = MemoryStateStore(clock=lambda: self.now)
+        self.store = self.store_class(clock=lambda: self.now)
         self.registry = ReplicaRegistry((ReplicaConfig(url="http://a:1", name="a", capacity_tokens=CAP),
                                          ReplicaConfig(url="http://b:1", name="b", capacity_tokens=CAP // 2)))
         for r in self.registry:
@@ -51,6 +60,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def reserve(self, prompt: int, output: int, cls: str) -> Any:
         lease = self.run(self.ctl._try_ranked(_ctx(prompt, output, cls), list(self.registry), cls))
         if lease is not None:
+            assert isinstance(lease, SharedLease) is self.store.shared
             self.held.append(lease)
         return lease
 
@@ -62,8 +72,10 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(lease=leases)
     def first_token(self, lease: Lease | None) -> None:
-        if lease is not None:
+        if isinstance(lease, SharedLease):
             self.run(lease._end_prefill())
+        elif lease is not None:
+            lease.first_byte()
 
     @rule(frac=st.floats(0, 1), name=st.sampled_from(["a", "b"]))
     def engine_reports_usage(self, frac: float, name: str) -> None:
@@ -79,28 +91,38 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def never_over_capacity(self) -> None:
         for r in self.registry:
-            kv, prefill, inflight = self.run(self.store.get(keys(r.name)))
+            mine = [x for x in self.held if x.replica is r]
+            kv, prefill, inflight = r.state.leased_tokens, r.state.prefill_backlog_tokens, r.state.in_flight
+            if self.store.shared:
+                assert self.run(self.store.get(keys(r.name))) == [kv, prefill, inflight]
+            else:
+                assert self.run(self.store.get(keys(r.name))) == [0, 0, 0]  # never touched
             cap = r.config.capacity_tokens
             assert cap is not None
-            mine = [x for x in self.held if x.replica is r]
             assert kv == sum(x.kv_held for x in mine) <= cap
             biggest = max((x.kv_held for x in mine), default=0)
             assert kv <= max(int(0.92 * cap), biggest)  # over the top watermark only as a lone lease
             assert prefill == sum(x.prefill_held for x in mine) >= 0
             assert inflight == len(mine) == r.in_flight <= MAX_IN_FLIGHT
-            assert r.state.leased_tokens == kv and r.state.in_flight == inflight
 
     def teardown(self) -> None:
         for lease in list(self.held):
             self.run(lease.close())
         for r in self.registry:
             assert self.run(self.store.get(keys(r.name))) == [0, 0, 0]
+            assert (r.state.leased_tokens, r.state.prefill_backlog_tokens, r.state.in_flight) == (0, 0, 0)
         assert self.store.live_reservations == 0
         self.loop.close()
 
 
+class SharedLedgerMachine(LedgerMachine):
+    store_class = SharedMemoryStore
+
+
 TestLedger = LedgerMachine.TestCase
 TestLedger.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestSharedLedger = SharedLedgerMachine.TestCase
+TestSharedLedger.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
 class _RemoteStore:
@@ -129,7 +151,7 @@ def test_close_now_releases_in_process_and_defers_otherwise() -> None:
         demand = Demand(100, 50, 100)
         for store, expect_now in ((MemoryStateStore(), True), (_RemoteStore(), False)):
             res = (await store.reserve(claims("a", demand, Limits(None, None, None)), 60)).reservation
-            lease = Lease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
+            lease = SharedLease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
             assert lease.close_now() is expect_now
             if not expect_now:
                 await lease.close()
@@ -139,7 +161,7 @@ def test_close_now_releases_in_process_and_defers_otherwise() -> None:
         # A prefill swap under way: close_now defers to close, which waits for it.
         store = MemoryStateStore()
         res = (await store.reserve(claims("a", demand, Limits(None, None, None)), 60)).reservation
-        lease = Lease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
+        lease = SharedLease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
         lease.first_byte()
         assert lease.close_now() is False
         await lease.close()

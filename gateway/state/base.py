@@ -39,6 +39,13 @@ class ReserveResult(NamedTuple):
 
 
 class StateStore(Protocol):
+    """Counters with limits, atomic per operation.
+
+    A store may declare `shared = False` (the in-process store): no other
+    gateway instance sees its counters, so a caller may keep a hot counter in
+    its own memory instead. A store without the attribute counts as shared.
+    """
+
     async def reserve(self, claims: Sequence[Claim], ttl_s: float) -> ReserveResult:
         """Atomically apply every claim, or none if any would exceed its limit.
 

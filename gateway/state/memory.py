@@ -11,6 +11,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 from gateway.state.base import Claim, Reservation, ReserveResult
 
@@ -23,6 +24,10 @@ _COMPACT_SLACK = 1024
 
 
 class MemoryStateStore:
+    #: Not shared with other gateway instances: callers may keep hot counters
+    #: (the admission ledger) in their own memory instead (see `StateStore`).
+    shared: ClassVar[bool] = False
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._values: dict[str, int] = {}
