@@ -71,6 +71,14 @@ class Budgets:
         (RateLimited if a limit is reached), settle with what happened on exit."""
         return _Held(self, ctx)
 
+    def applies(self, ctx: RequestContext) -> bool:
+        """Whether any limit or budget may apply (most requests: none, and
+        entering is then free)."""
+        if ctx.tenant is not None and ctx.tenant in self._cfg.auth.tenants:
+            return True
+        policy = ctx.policy
+        return bool(ctx.session_key) and isinstance(policy, Policy) and policy.session is not None
+
     async def _enter(self, ctx: RequestContext) -> tuple[Reservation, list[Rule], int] | None:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0)
         rules = self._tenant_rules(ctx, worst)
@@ -198,7 +206,8 @@ class _Held:
         self._held: tuple[Reservation, list[Rule], int] | None = None
 
     async def __aenter__(self) -> None:
-        self._held = await self._budgets._enter(self._ctx)
+        if self._budgets.applies(self._ctx):
+            self._held = await self._budgets._enter(self._ctx)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:

@@ -101,6 +101,14 @@ class Response:
                 return value.decode("latin-1")
         return None
 
+    def complete_body(self) -> bytes | None:
+        """The rest of the body when all of it has arrived (then reading is over),
+        else None and nothing is consumed."""
+        c = self._conn
+        if c is None or not c.body_done or c.error is not None:
+            return None
+        return self._take(c) if c.buf else b""
+
     async def read_chunk(self) -> bytes:
         """The next bytes as they arrive; b"" at end of body (or after release)."""
         c = self._conn
@@ -119,6 +127,10 @@ class Response:
                 if c.error is not None:
                     raise c.error
                 return b""
+        return self._take(c)
+
+    @staticmethod
+    def _take(c: Conn) -> bytes:
         buf = c.buf
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()

@@ -87,7 +87,9 @@ class Pipeline:
         s = self.stages
         s.auth.authenticate(ctx)
         s.ingress.process(ctx, raw)
-        await s.policy.apply(ctx)
+        counting = s.policy.apply(ctx)
+        if counting is not None:
+            await counting
         deadlines.resolve(ctx, self._cfg)
         async with deadlines.enforce(ctx, send) as timed_send, s.budgets.reserve(ctx):
             await self._dispatch(ctx, timed_send)

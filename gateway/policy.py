@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
@@ -34,7 +34,14 @@ from gateway.metrics import Children
 from gateway.policyset import Policy, PolicySet, load_policy_set
 from gateway.protocol import ParsedRequest
 from gateway.replicas import Replica, ReplicaRegistry
-from gateway.tokens import LRU, EngineCounter, EstimateCounter, LocalTokenizerCounter, TokenCounter
+from gateway.tokens import (
+    LRU,
+    EngineCounter,
+    EstimateCounter,
+    LocalTokenizerCounter,
+    TokenCount,
+    TokenCounter,
+)
 from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("gateway.policy")
@@ -118,7 +125,11 @@ class PolicyStage:
         log.info("policies reloaded: %s", ", ".join(p.name for p in active.policies.policies))
         return active.policies
 
-    async def apply(self, ctx: RequestContext) -> None:
+    def apply(self, ctx: RequestContext) -> Awaitable[None] | None:
+        """Resolve the task and enforce its limits. Returns None when done, or an
+        awaitable to finish with when counting the prompt needs an engine round
+        trip (most counts do not: an estimate, a cached count; a coroutine
+        would cost every request)."""
         active = self._active
         req = ctx.request
         assert req is not None
@@ -133,7 +144,18 @@ class PolicyStage:
         if policy.isolation == "tenant":
             _isolate(req, ctx.tenant, self._cfg.auth.isolation_secret)
         replicas = serving_replicas(self._registry, req.model)
-        counted = await active.counters[policy.name].count(req, replicas)
+        counted = active.counters[policy.name].count_now(req, replicas)
+        if not isinstance(counted, TokenCount):
+            return self._limit_when_counted(ctx, req, policy, replicas, counted)
+        self._limit(ctx, req, policy, replicas, counted)
+        return None
+
+    async def _limit_when_counted(self, ctx: RequestContext, req: ParsedRequest, policy: Policy,
+                                  replicas: list[Replica], counting: Awaitable[TokenCount]) -> None:
+        self._limit(ctx, req, policy, replicas, await counting)
+
+    def _limit(self, ctx: RequestContext, req: ParsedRequest, policy: Policy, replicas: list[Replica],
+               counted: TokenCount) -> None:
         self.metrics.token_counts_by(counted.source).inc()
         ctx.prompt_tokens = counted.tokens
         ctx.notes["prompt_tokens_source"] = counted.source

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,12 +80,21 @@ class TokenCount:
 class TokenCounter(Protocol):
     async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount: ...
 
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount | Awaitable[TokenCount]:
+        """The count, when it needs no round trip (an estimate, a cached count);
+        else an awaitable that gets it (a coroutine per request would cost
+        every request, and most need none)."""
+        ...
+
 
 class EstimateCounter:
     def __init__(self, cache: LRU | None = None) -> None:
         self._cache = cache
 
     async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        return self.count_now(req, replicas)
+
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
         return TokenCount(estimate_request(req, self._cache), "estimate")
 
 
@@ -126,15 +135,21 @@ class EngineCounter:
         self.cache = LRU(cfg.cache_entries)
         self._parts = parts
 
-    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount | Awaitable[TokenCount]:
         key = prompt_key(req)
         cached = self.cache.get(key)
         if cached is not None:
             return TokenCount(cached, "cache")
-        usable = [r for r in replicas if r.kind in ("vllm", "llamacpp")]
-        if not usable:
+        replica = next((r for r in replicas if r.kind in ("vllm", "llamacpp")), None)
+        if replica is None:
             return TokenCount(estimate_request(req, self._parts), "fallback")
-        replica = usable[0]
+        return self._count_remote(req, key, replica)
+
+    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        counted = self.count_now(req, replicas)
+        return counted if isinstance(counted, TokenCount) else await counted
+
+    async def _count_remote(self, req: ParsedRequest, key: str, replica: Replica) -> TokenCount:
         try:
             tokens = await self._ask(replica, req)
         except (GatewayError, ValueError, KeyError, TypeError) as exc:
@@ -209,6 +224,9 @@ class LocalTokenizerCounter:
         self._tok = Tokenizer.from_file(path)
 
     async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        return self.count_now(req, replicas)
+
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
         # No chat template here: the text is counted exactly, the template overhead estimated.
         n = sum(len(self._tok.encode(part).ids) for part in prompt_parts(req))
         return TokenCount(n + template_overhead(req), "tokenizer")

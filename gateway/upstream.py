@@ -67,6 +67,10 @@ class UpstreamResponse:
         except HTTPClientError as exc:
             raise UpstreamUnavailable(f"upstream connection broke mid-response: {exc}") from exc
 
+    def complete_body(self) -> bytes | None:
+        """The whole body when it has already arrived (nothing to wait for), else None."""
+        return self._resp.complete_body()
+
     async def read_all(self, limit: int = _MAX_SMALL_BODY) -> bytes:
         parts: list[bytes] = []
         size = 0

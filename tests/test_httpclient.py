@@ -202,6 +202,31 @@ def test_chunked_response_streams_incrementally_then_the_connection_is_reused(ru
     run(main())
 
 
+def test_complete_body_only_once_all_of_it_arrived_then_the_connection_is_reused(run: Any) -> None:
+    async def split(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await srv.read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nhello")
+            await writer.drain()
+            await srv.event.wait()
+            srv.event.clear()
+            writer.write(b" you!")
+
+    async def main() -> None:
+        async with Server(split) as srv:
+            client = await started()
+            for _ in range(2):
+                async with client.post(srv.url, JSON, b"{}", 2.0) as resp:
+                    await until(lambda: resp._resp._conn is not None and bool(resp._resp._conn.buf))
+                    assert resp.complete_body() is None  # half of it: nothing consumed
+                    srv.event.set()
+                    await until(lambda: resp._resp._conn is not None and resp._resp._conn.body_done)
+                    assert resp.complete_body() == b"hello you!"
+                    assert resp.complete_body() == b"" and await resp.read_chunk() == b""
+            assert srv.connections == 1
+            await client.close()
+    run(main())
+
+
 def test_unframed_response_is_read_until_eof(run: Any) -> None:
     async def unframed(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await srv.read_request(reader)

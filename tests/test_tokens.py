@@ -16,7 +16,7 @@ from gateway.protocol import parse_request
 from gateway.replicas import Replica
 from gateway.sim.cluster import SimCluster
 from gateway.sim.tokens import count_tokens, render_chat, tokenize
-from gateway.tokens import LRU, EngineCounter, estimate_request
+from gateway.tokens import LRU, EngineCounter, TokenCount, estimate_request
 from gateway.upstream import UpstreamClient
 
 ENGLISH = "The quick brown fox jumps over the lazy dog while the engineers measure latency."
@@ -90,8 +90,12 @@ def test_engine_counter_llamacpp_apply_template_then_tokenize_and_cache(sims: Si
         try:
             counter = EngineCounter(client, TokensConfig(engine_timeout_s=5))
             replica = _replica(sims.urls[0], "llamacpp")
-            first = await counter.count(req, [replica])
-            second = await counter.count(req, [replica])
+            pending = counter.count_now(req, [replica])
+            assert not isinstance(pending, TokenCount)  # needs the engine: an awaitable
+            first = await pending
+            second = counter.count_now(req, [replica])  # cached: known without a round trip
+            assert isinstance(second, TokenCount)
+            assert await counter.count(req, [replica]) == second
             down = _replica("http://127.0.0.1:1", "vllm")
             other = parse_request("chat", json.dumps({"model": "x", "messages": [{"role": "user", "content": "z"}]})
                                   .encode())
