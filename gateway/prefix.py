@@ -18,6 +18,7 @@ by binary search.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -46,6 +47,7 @@ def render(parts: Iterable[str]) -> bytes:
     return _SEP.join(parts).encode("utf-8", "surrogatepass")
 
 
+@functools.lru_cache(maxsize=1024)
 def seed_of(model: str | None, cache_salt: str | None) -> int:
     key = f"{model or ''}\x00{cache_salt or ''}".encode("utf-8", "surrogatepass")
     return xxhash.xxh3_64_intdigest(key)

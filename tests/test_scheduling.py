@@ -271,12 +271,13 @@ def test_engine_view_fast_path_equals_the_generic_adapter(cap: int | None, used:
                                                            backlog: int, waiting: int | None, rate: float,
                                                            config_cap: int | None) -> None:
     from gateway.livestate import LiveState
-    from gateway.scheduling.state import engine_view, generic_view
+    from gateway.scheduling.state import capacity_tokens, engine_view, generic_view
 
     replica = Replica(ReplicaConfig(url="http://127.0.0.1:1", capacity_tokens=config_cap))
     replica.state = LiveState(capacity_tokens=cap, used_tokens=used, leased_tokens=leased,
                               prefill_backlog_tokens=backlog, engine_waiting=waiting, prefill_tokens_per_s=rate)
     assert engine_view(replica) == generic_view(replica, replica.state)
+    assert capacity_tokens(replica) == engine_view(replica).capacity_tokens
 
 
 def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:

@@ -30,7 +30,7 @@ from gateway.scheduling.metrics import SchedulingMetrics
 from gateway.scheduling.profile import Profile, WeightedScorer, named
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.slots import SlotPinner
-from gateway.scheduling.state import engine_view
+from gateway.scheduling.state import capacity_tokens, engine_view
 from gateway.scheduling.tracker import Routed, Tracker
 
 if TYPE_CHECKING:
@@ -74,8 +74,7 @@ class SchedulingRouter:
         return self.profile.run(cycle, list(candidates))
 
     def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
-        view = engine_view(replica)
-        index = self.index(replica, view.capacity_tokens)
+        index = self.index(replica, capacity_tokens(replica))
         cycle = ctx.notes.get(_CYCLE)
         if isinstance(cycle, Cycle):
             blocks, prompt_tokens = cycle.blocks, cycle.prompt_tokens
@@ -85,15 +84,15 @@ class SchedulingRouter:
             prompt_tokens = self.prompt_tokens(ctx, blocks)
             matched = indexed_tokens(index.matched_blocks(blocks.hashes), prompt_tokens, blocks)
         index.insert(blocks.hashes)
-        slot = self._slots.apply(ctx, replica, view, self._tracker)
+        slot = self._slots.apply(ctx, replica, self._tracker)
         kv = prompt_tokens + (ctx.output_limit or 0)
         self._tracker.add(Routed(ctx, replica.name, kv, prompt_tokens - matched, slot))
         if ctx.session_key:
             self._tracker.remember_session(ctx.session_key, replica.name)
-        m = self._metrics
-        m.decisions_by(self.profile.name, replica.name).inc()
-        m.prompt_tokens_by(replica.name).inc(prompt_tokens)
-        m.matched_tokens_by(replica.name).inc(matched)
+        decisions, prompt, hits = self._metrics.routed_to(self.profile.name, replica.name)
+        decisions.inc()
+        prompt.inc(prompt_tokens)
+        hits.inc(matched)
 
     def index(self, replica: Replica, capacity_tokens: int | None) -> PrefixIndex:
         cfg = self._cfg

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from gateway.scheduling.state import EngineView
+from gateway.scheduling.state import engine_view
 from gateway.scheduling.tracker import Tracker
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ class SlotPinner:
         self._default = default_slots
         self._owners: dict[str, OrderedDict[str, int]] = {}  # replica → session → slot, LRU first
 
-    def apply(self, ctx: RequestContext, replica: Replica, view: EngineView, tracker: Tracker) -> int | None:
+    def apply(self, ctx: RequestContext, replica: Replica, tracker: Tracker) -> int | None:
         """Set (or clear) the gateway's `id_slot` in the body; return the slot set."""
         assert ctx.request is not None
         body = ctx.request.body
@@ -38,6 +38,7 @@ class SlotPinner:
         key = ctx.session_key
         if replica.kind != "llamacpp" or not key or "id_slot" in body:
             return None
+        view = engine_view(replica)
         count = len(view.slots_busy) if view.slots_busy else self._default
         if not count:
             return None

@@ -60,6 +60,15 @@ def _slots(value: Any) -> tuple[bool, ...] | None:
     return tuple(busy)
 
 
+def capacity_tokens(replica: Replica) -> int | None:
+    """`engine_view(replica).capacity_tokens`, without building the view."""
+    state = replica.state
+    if type(state) is LiveState:
+        cap = state.capacity_tokens
+        return int(cap) if cap is not None and cap >= 0 else replica.config.capacity_tokens
+    return engine_view(replica).capacity_tokens
+
+
 def engine_view(replica: Replica) -> EngineView:
     state = replica.state
     if state is None:
