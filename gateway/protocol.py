@@ -190,27 +190,43 @@ def prompt_parts(req: ParsedRequest) -> list[str]:
     Rendered once per request: stages edit only top-level keys other than the
     prompt (see `ParsedRequest`)."""
     if req.parts is None:
-        req.parts = list(_iter_prompt_parts(req))
+        req.parts = _render_parts(req)
     return req.parts
 
 
-def _iter_prompt_parts(req: ParsedRequest) -> Iterator[str]:
+def _render_parts(req: ParsedRequest) -> list[str]:
+    """The parts as one list (no generators: an agent request has ~750 parts,
+    and this runs on every request)."""
     body = req.body
+    out: list[str] = []
     if req.endpoint == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            yield prompt
+            out.append(prompt)
         elif isinstance(prompt, list):
-            yield from (p if isinstance(p, str) else f"<{p}>" for p in prompt)
-        return
+            out.extend(p if isinstance(p, str) else f"<{p}>" for p in prompt)
+        return out
+    append = out.append
     tools = body.get("tools")
     if tools:
-        yield canonical_json(tools)
+        append(canonical_json(tools))
+    marks = _ROLE_MARKS
     for msg in body.get("messages") or ():
-        yield f"<|{msg.get('role')}|>"
-        yield from _content_parts(msg.get("content"))
-        if msg.get("tool_calls"):
-            yield canonical_json(msg["tool_calls"])
+        role = msg.get("role")
+        mark = marks.get(role) if isinstance(role, str) else None
+        append(mark if mark is not None else f"<|{role}|>")
+        content = msg.get("content")
+        if isinstance(content, str):
+            append(content)
+        elif content:
+            out.extend(_content_parts(content))
+        tool_calls = msg.get("tool_calls")
+        if tool_calls:
+            append(canonical_json(tool_calls))
+    return out
+
+
+_ROLE_MARKS = {role: f"<|{role}|>" for role in ("system", "developer", "user", "assistant", "tool", "function")}
 
 
 def _content_parts(content: Any) -> Iterator[str]:

@@ -46,21 +46,30 @@ def estimate_request(req: ParsedRequest, cache: LRU | None = None) -> int:
     With `cache`, the estimate of each part (a message, the tools) is
     remembered by its hash (a short part: by itself): an agent re-sending its
     whole history only pays for the new turns."""
+    parts = prompt_parts(req)
+    if cache is None:
+        total = sum(estimate_text(part) for part in parts)
+    else:
+        total = _cached_estimate(parts, cache)
+    return max(1, total + template_overhead(req))
+
+
+def _cached_estimate(parts: list[str], cache: LRU) -> int:
+    # The LRU's dict is used directly: an agent request has ~750 parts.
+    data = cache._data
+    digest = xxhash.xxh3_128_intdigest
     total = 0
-    for part in prompt_parts(req):
-        if cache is None:
-            total += estimate_text(part)
-            continue
-        if len(part) < _HASHED_PART_MIN_CHARS:
-            key = "\x00" + part  # never equal to a hex digest
-        else:
-            key = xxhash.xxh3_128_hexdigest(part.encode("utf-8", "surrogatepass"))
-        cost = cache.get(key)
+    for part in parts:
+        # A short part is its own key; a long one its 128-bit hash (an int: never equal to a str).
+        key: str | int = part if len(part) < _HASHED_PART_MIN_CHARS else digest(part.encode("utf-8", "surrogatepass"))
+        cost = data.get(key)
         if cost is None:
             cost = estimate_text(part)
             cache.put(key, cost)
+        else:
+            data.move_to_end(key)
         total += cost
-    return max(1, total + template_overhead(req))
+    return total
 
 
 def template_overhead(req: ParsedRequest) -> int:
@@ -108,15 +117,15 @@ def prompt_key(req: ParsedRequest) -> str:
 class LRU:
     def __init__(self, size: int) -> None:
         self._size = size
-        self._data: OrderedDict[str, int] = OrderedDict()
+        self._data: OrderedDict[str | int, int] = OrderedDict()
 
-    def get(self, key: str) -> int | None:
+    def get(self, key: str | int) -> int | None:
         value = self._data.get(key)
         if value is not None:
             self._data.move_to_end(key)
         return value
 
-    def put(self, key: str, value: int) -> None:
+    def put(self, key: str | int, value: int) -> None:
         self._data[key] = value
         self._data.move_to_end(key)
         while len(self._data) > self._size:

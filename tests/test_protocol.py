@@ -72,3 +72,40 @@ def test_canonical_json_is_sorted_compact_ascii_json_dumps(value: object) -> Non
     expected = json.dumps(value, sort_keys=True, separators=(",", ":"))
     assert canonical_json(value) == expected
     assert canonical_json(value) == expected
+
+
+def _reference_parts(body: dict[str, object]) -> list[str]:
+    """The canonical part order, written plainly (what `prompt_parts` must equal)."""
+    out: list[str] = []
+    if body.get("tools"):
+        out.append(json.dumps(body["tools"], sort_keys=True, separators=(",", ":")))
+    for msg in body["messages"]:  # type: ignore[attr-defined]
+        out.append(f"<|{msg['role']}|>")
+        content = msg.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict):
+                text = part.get("text")
+                out.append(text if isinstance(text, str) else json.dumps(part, sort_keys=True, separators=(",", ":")))
+        if msg.get("tool_calls"):
+            out.append(json.dumps(msg["tool_calls"], sort_keys=True, separators=(",", ":")))
+    return out
+
+
+_parts = st.lists(st.dictionaries(st.sampled_from(["type", "text", "image_url"]), st.text(max_size=5) | st.integers(),
+                                  max_size=3) | st.integers(), max_size=3)
+_messages = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "critic", ""])},
+    optional={"content": st.none() | st.text(max_size=10) | _parts,
+              "tool_calls": st.none() | st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=4)), max_size=2)}),
+    min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=_messages, tools=st.none() | st.lists(st.dictionaries(st.text(max_size=4), st.integers()), max_size=2))
+def test_prompt_parts_follow_the_canonical_order(messages: list[dict[str, object]], tools: object) -> None:
+    body: dict[str, object] = {"model": "m", "messages": messages}
+    if tools is not None:
+        body["tools"] = tools
+    assert prompt_parts(parse_request("chat", json.dumps(body).encode())) == _reference_parts(body)
