@@ -74,16 +74,21 @@ class SchedulingRouter:
         return self.profile.run(cycle, list(candidates))
 
     def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
-        index = self.index(replica, capacity_tokens(replica))
         cycle = ctx.notes.get(_CYCLE)
+        matched: int | None
         if isinstance(cycle, Cycle):
             blocks, prompt_tokens = cycle.blocks, cycle.prompt_tokens
             matched = cycle.indexed_tokens(replica) if replica.name in cycle.matched_blocks else 0
         else:  # ranked without a cycle (a lone replica): only what is learnt here
             blocks = self.blocks(ctx)
             prompt_tokens = self.prompt_tokens(ctx, blocks)
-            matched = indexed_tokens(index.matched_blocks(blocks.hashes), prompt_tokens, blocks)
-        index.insert(blocks.hashes)
+            matched = None
+        if blocks.hashes:  # a prompt shorter than one block has nothing to index
+            index = self.index(replica, capacity_tokens(replica))
+            if matched is None:
+                matched = indexed_tokens(index.matched_blocks(blocks.hashes), prompt_tokens, blocks)
+            index.insert(blocks.hashes)
+        matched = matched or 0
         slot = self._slots.apply(ctx, replica, self._tracker)
         kv = prompt_tokens + (ctx.output_limit or 0)
         self._tracker.add(Routed(ctx, replica.name, kv, prompt_tokens - matched, slot))
