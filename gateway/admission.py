@@ -15,9 +15,12 @@ Per replica, a request is admitted when (all in tokens unless noted):
 - the engine's own waiting queue ≤ `max_engine_waiting`;
 - in flight < the concurrency bound (config or llama.cpp slots); with no
   known capacity, `unknown_capacity_max_in_flight`.
-The same limits go into one atomic `StateStore.reserve` (see
-`gateway.ledger`). Leaving: admitted; 503 `deadline_unreachable` as soon as
-the remaining time cannot cover the estimated TTFT; 504 at the deadline
+With one gateway the trackers are the ledger and a fit is a grant (no
+suspension in between); with a shared store the same limits go into one
+atomic `StateStore.reserve` (see `gateway.ledger`).
+
+Leaving: admitted; 503 `deadline_unreachable` as soon as the remaining time
+cannot cover the estimated TTFT; 504 at the deadline
 (the pipeline's timer cancels the wait); client gone (cancelled, removed at
 once); 503 `queue_full` with `Retry-After` from the drain rate; 400 when the
 request exceeds every replica's capacity.

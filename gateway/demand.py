@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 
 from gateway.config import AdmissionConfig
@@ -26,29 +25,37 @@ _MAX_TASKS = 1024
 
 
 class OutputLearner:
-    """Per-task sliding window of actual output lengths (bounded in tasks and samples)."""
+    """Per-task sliding window of actual output lengths (bounded in tasks and
+    samples). The quantile is computed once per change of the window, not on
+    every admission decision that asks for it."""
 
     def __init__(self, quantile: float, min_samples: int) -> None:
         self._q = quantile
         self._min = min_samples
         self._samples: dict[str, deque[int]] = {}
+        self._quantiles: dict[str, int] = {}  # task → quantile of its current window
 
     def record(self, task: str, output_tokens: int) -> None:
         window = self._samples.get(task)
         if window is None:
             if len(self._samples) >= _MAX_TASKS:
-                self._samples.pop(next(iter(self._samples)))
+                oldest = next(iter(self._samples))
+                del self._samples[oldest]
+                self._quantiles.pop(oldest, None)
             window = self._samples[task] = deque(maxlen=_WINDOW)
         window.append(output_tokens)
+        self._quantiles.pop(task, None)
 
     def quantile(self, task: str) -> int | None:
+        known = self._quantiles.get(task)
+        if known is not None:
+            return known
         window = self._samples.get(task)
         if window is None or len(window) < self._min:
             return None
-        ordered: list[int] = []
-        for v in window:
-            bisect.insort(ordered, v)
-        return ordered[min(len(ordered) - 1, int(self._q * len(ordered)))]
+        ordered = sorted(window)
+        value = self._quantiles[task] = ordered[min(len(ordered) - 1, int(self._q * len(ordered)))]
+        return value
 
 
 class DemandEstimator:

@@ -111,6 +111,9 @@ class Policy:
     tokens: TokenMode = "estimate"
     tokenizer: str | None = None
     isolation: Literal["none", "tenant"] = "none"
+    #: KV reserved for the output at admission: the output limit, or the task's
+    #: learned quantile (`admission.output_reservation` when not set)
+    output_reservation: Literal["limit", "learned"] | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):

@@ -45,7 +45,7 @@ def test_shipped_policies_are_valid_and_complete() -> None:
     readme = (REPO / "policies" / "README.md").read_text()
     for key in ("max_input_tokens", "max_output_tokens", "default_output_tokens", "on_excess", "priority",
                 "default_s", "max_s", "max_requests", "max_total_tokens", "max_duration_s", "idle_ttl_s",
-                "tokens", "isolation", "match", "model", "timeouts"):
+                "tokens", "isolation", "match", "model", "timeouts", "output_reservation"):
         assert re.search(rf"`([a-z_]+\.)?{key}`", readme), key
 
 

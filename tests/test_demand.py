@@ -1,0 +1,68 @@
+"""Output reservation: the learned quantile per task, and who chooses the mode
+(the policy's `output_reservation`, else the admission config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.config import AdmissionConfig
+from gateway.configtools import ConfigError
+from gateway.context import RequestContext
+from gateway.demand import _WINDOW, DemandEstimator, OutputLearner
+from gateway.policyset import load_policy_set
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 10_000) | st.none()), max_size=700),
+       q=st.sampled_from([0.5, 0.9, 0.95, 0.99]), min_samples=st.integers(1, 60))
+def test_learned_quantile_is_the_windowed_quantile(events: list[tuple[str, int | None]], q: float,
+                                                   min_samples: int) -> None:
+    """Records interleaved with reads (None): every read equals the quantile of
+    the task's last `_WINDOW` outputs, computed from scratch."""
+    learner = OutputLearner(q, min_samples)
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    for task, value in events:
+        if value is not None:
+            learner.record(task, value)
+            seen[task].append(value)
+            continue
+        window = sorted(seen[task][-_WINDOW:])
+        expected = window[min(len(window) - 1, int(q * len(window)))] if len(window) >= min_samples else None
+        assert learner.quantile(task) == expected
+        assert learner.quantile(task) == expected  # the cached answer is the same
+
+
+def _ctx(policy: object, output_limit: int) -> RequestContext:
+    ctx = RequestContext("r", "chat", "/v1/chat/completions", headers={}, received_at=0.0)
+    ctx.task, ctx.policy, ctx.prompt_tokens, ctx.output_limit = "agent", policy, 100, output_limit
+    return ctx
+
+
+def _policies(tmp_path: Path, mode: str) -> object:
+    (tmp_path / "agent.yaml").write_text(f"name: agent\noutput_reservation: {mode}\n")
+    return load_policy_set(str(tmp_path)).get("agent")
+
+
+@pytest.mark.parametrize(("config_mode", "policy_mode", "learned"), [
+    ("limit", "learned", True), ("learned", "limit", False), ("learned", None, True), ("limit", None, False)])
+def test_the_policy_chooses_the_reservation_mode_else_the_config(tmp_path: Path, config_mode: str,
+                                                                policy_mode: str | None, learned: bool) -> None:
+    cfg = AdmissionConfig(output_reservation=config_mode, learned_min_samples=10)  # type: ignore[arg-type]
+    est = DemandEstimator(cfg)
+    policy = _policies(tmp_path, policy_mode) if policy_mode else None
+    for _ in range(10):
+        est.learner.record("agent", 300)
+    assert est.reserved_output(_ctx(policy, 4000)) == (300 if learned else 4000)
+    assert est.reserved_output(_ctx(policy, 200)) == 200  # never above the request's own limit
+    assert est.demand(_ctx(policy, 4000)).kv_tokens == 100 + (300 if learned else 4000)
+
+
+def test_an_unknown_reservation_mode_names_the_key(tmp_path: Path) -> None:
+    (tmp_path / "agent.yaml").write_text("name: agent\noutput_reservation: sometimes\n")
+    with pytest.raises(ConfigError) as exc:
+        load_policy_set(str(tmp_path))
+    assert any("agent.yaml.output_reservation" in p for p in exc.value.problems)
