@@ -64,11 +64,14 @@ class ClientDeadlines:
 
 
 _NO_CLIENT = ClientDeadlines()
+_ALL_HEADERS = (DEADLINE_HEADER, TIMEOUT_HEADER, *CLIENT_TIMEOUT_HEADERS)
 
 
 def parse_headers(headers: Mapping[str, str], received_at: float,
                   wall: Clock = time.time, mono: Clock = time.monotonic) -> ClientDeadlines:
     """Parse the deadline headers of a request (raises `InvalidDeadlineHeader`)."""
+    if not any(name in headers for name in _ALL_HEADERS):
+        return _NO_CLIENT  # most requests: nothing to parse
     absolute = None
     raw = headers.get(DEADLINE_HEADER)
     if raw is not None:
