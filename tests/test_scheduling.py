@@ -303,6 +303,35 @@ def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
     assert lone[1][1] < lone[0][1]  # the second identical prompt is expected cached
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_admission_reserves_prefill_only_for_what_the_index_expects_uncached(n: int) -> None:
+    """`rank` tells admission (`ctx.cached_tokens`) how much of the prompt the
+    chosen replica's prefix index holds; the prefill claim is the rest."""
+    from gateway.config import AdmissionConfig
+    from gateway.demand import DemandEstimator
+
+    rt = router("default")
+    assert isinstance(rt, SchedulingRouter)
+    cands = replicas(n)
+    estimator = DemandEstimator(AdmissionConfig())
+    first = ctx_for("A long shared system prompt. " * 200, None)
+    first.prompt_tokens = 1500
+    chosen = route(rt, first, cands)
+    assert first.cached_tokens == {}  # nothing routed before: nothing expected cached
+    assert estimator.demand(first, chosen.name).prefill_tokens == 1500
+    again = ctx_for("A long shared system prompt. " * 200, None)
+    again.prompt_tokens = 1500
+    ranked = rt.rank(again, cands)
+    assert ranked[0] is chosen
+    cached = again.cached_tokens[chosen.name]
+    assert 1000 < cached <= 1500
+    assert estimator.demand(again, chosen.name).prefill_tokens == 1500 - cached
+    assert all(again.cached_tokens.get(r.name, 0) == 0 for r in cands if r is not chosen)
+    short = ctx_for("hi", None)
+    rt.rank(short, cands)
+    assert short.cached_tokens == {}
+
+
 def test_finished_requests_do_not_accumulate_on_a_lone_replica() -> None:
     """A lone replica is ranked without reading the tracker; finished entries must still go."""
     rt = router("default")

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.scheduling")
 
 _CYCLE = "routing_cycle"
+_LONE = "routing_lone_match"  # (replica name, indexed tokens) when ranked without a cycle
 
 
 class Router(Protocol):
@@ -65,30 +66,44 @@ class SchedulingRouter:
         self._indexes: dict[str, PrefixIndex] = {}
 
     def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+        """Also sets `ctx.cached_tokens`: the prompt tokens the prefix index
+        expects cached on each candidate, which admission subtracts from the
+        prefill work it reserves."""
         if len(candidates) == 1 and candidates[0].healthy:
             # Nothing to choose (the filters keep a lone healthy replica, the
-            # picker orders one): `on_routed` computes what it learns from.
+            # picker orders one): only its expected cache hit is computed.
+            lone = candidates[0]
+            ctx.notes.pop(_CYCLE, None)  # an earlier attempt's, if any
+            matched = self._indexed(ctx, lone)
+            ctx.notes[_LONE] = (lone.name, matched)
+            ctx.cached_tokens = {lone.name: matched} if matched else {}
             return list(candidates)
         cycle = self.cycle(ctx, candidates)
         ctx.notes[_CYCLE] = cycle
+        ctx.cached_tokens = {r.name: n for r in candidates if (n := cycle.indexed_tokens(r))}
         return self.profile.run(cycle, list(candidates))
+
+    def _indexed(self, ctx: RequestContext, replica: Replica) -> int:
+        """Tokens of the prompt the replica's prefix index holds (0 for a prompt
+        shorter than one block: nothing to look up)."""
+        blocks = self.blocks(ctx)
+        if not blocks.hashes:
+            return 0
+        index = self.index(replica, capacity_tokens(replica))
+        return indexed_tokens(index.matched_blocks(blocks.hashes), self.prompt_tokens(ctx, blocks), blocks)
 
     def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
         cycle = ctx.notes.get(_CYCLE)
-        matched: int | None
+        blocks = self.blocks(ctx)
         if isinstance(cycle, Cycle):
-            blocks, prompt_tokens = cycle.blocks, cycle.prompt_tokens
+            prompt_tokens = cycle.prompt_tokens
             matched = cycle.indexed_tokens(replica) if replica.name in cycle.matched_blocks else 0
-        else:  # ranked without a cycle (a lone replica): only what is learnt here
-            blocks = self.blocks(ctx)
+        else:  # ranked without a cycle (a lone replica): what `rank` found, if for this replica
             prompt_tokens = self.prompt_tokens(ctx, blocks)
-            matched = None
+            lone = ctx.notes.get(_LONE)
+            matched = lone[1] if isinstance(lone, tuple) and lone[0] == replica.name else self._indexed(ctx, replica)
         if blocks.hashes:  # a prompt shorter than one block has nothing to index
-            index = self.index(replica, capacity_tokens(replica))
-            if matched is None:
-                matched = indexed_tokens(index.matched_blocks(blocks.hashes), prompt_tokens, blocks)
-            index.insert(blocks.hashes)
-        matched = matched or 0
+            self.index(replica, capacity_tokens(replica)).insert(blocks.hashes)
         slot = self._slots.apply(ctx, replica, self._tracker)
         kv = prompt_tokens + (ctx.output_limit or 0)
         self._tracker.add(Routed(ctx, replica.name, kv, prompt_tokens - matched, slot))
