@@ -67,6 +67,22 @@ class LoadResult:
             self.error_samples.append(what)
 
 
+def merge_results(parts: list[LoadResult]) -> LoadResult:
+    """Several measuring windows of one target as one: samples joined, counts
+    and wall time summed (so rates are over the measured time only)."""
+    out = LoadResult()
+    for part in parts:
+        out.latencies_s += part.latencies_s
+        out.first_event_s += part.first_event_s
+        out.events += part.events
+        out.ok += part.ok
+        out.errors += part.errors
+        out.unfinished += part.unfinished
+        out.error_samples += part.error_samples[:max(0, 5 - len(out.error_samples))]
+        out.wall_s += part.wall_s
+    return out
+
+
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool,
                res: LoadResult) -> None:
     t0 = time.perf_counter()

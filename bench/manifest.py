@@ -71,8 +71,9 @@ def manifest(args: argparse.Namespace, router_bin: str | None, urls: dict[str, s
         "git_commit": _git(ROOT, "rev-parse", "HEAD"),
         "git_dirty_files": len((_git(ROOT, "status", "--porcelain") or "").splitlines()),
         "args": {k: v for k, v in vars(args).items()},
-        "budget": ("quick: 0.3 s warm-up + 1.5 s measured per cell" if args.quick
-                   else f"1.0 s warm-up + {args.measure_s or 5.0} s measured per cell"),
+        "budget": (f"{'0.3' if args.quick else '1.0'} s warm-up, then {args.measure_s or (1.5 if args.quick else 5.0)} s "
+                   f"measured per cell and target in {args.rounds} interleaved windows (each later one after "
+                   f"{'0.2' if args.quick else '0.3'} s of warm-up)"),
         "targets": urls,
         "notes": [
             "one zero-delay upstream process (raw ASGI, uvicorn + uvloop + httptools)",

@@ -2,13 +2,17 @@
 the gateway, and (when installed) through vllm-router, in one run.
 
     .venv/bin/python -m bench.overhead [--quick] [--concurrency 1,32,256]
-        [--vllm-router PATH] [--gateway-uvicorn] [--floor] [--out bench/results]
+        [--vllm-router PATH] [--gateway-uvicorn] [--floor] [--rounds 3] [--out bench/results]
 
 Every server runs in its own process on 127.0.0.1; the load generator is
 this process (aiohttp on uvloop). For every scenario (small / ~400 KB agent
 body non-streaming, 200-chunk streaming) × concurrency, the targets run
-back to back, so ratios come from one run. Proxy CPU is utime+stime of the
-proxy's process tree from /proc/<pid>/stat over the measured window only.
+back to back, so ratios come from one run; the measured time of a cell is
+split into `--rounds` windows per target, interleaved (A B C, C B A, ...),
+and summed, so a burst of other work on the shared machine lands on every
+target alike instead of on whichever ran at that moment. Proxy CPU is
+utime+stime of the proxy's process tree from /proc/<pid>/stat over the
+measured windows only.
 Writes overhead.json and overhead.md to --out. See docs/performance.md.
 """
 
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import agent_body, make_session, run_load, small_body
+from bench.loadgen import LoadResult, agent_body, make_session, merge_results, run_load, small_body
 from bench.manifest import manifest
 from bench.overhead_report import markdown, row_from, summarize
 from bench.procs import Proc, self_cpu_seconds, tree_cpu_seconds, wait_http_ok
@@ -54,8 +58,10 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    warmup_s: float
-    measure_s: float
+    warmup_s: float  # before a target's first window in a cell
+    rewarm_s: float  # before each later window
+    measure_s: float  # per window
+    rounds: int
     grace_s: float
     max_requests: int
 
@@ -73,17 +79,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--floor", action="store_true",
                    help="add a row: the gateway's HTTP server and upstream client with no pipeline "
                         "(bench/floor_proxy.py), to split the gateway's CPU into substrate and pipeline")
-    p.add_argument("--measure-s", type=float, default=None, help="override seconds per measurement")
+    p.add_argument("--measure-s", type=float, default=None, help="override seconds measured per cell and target")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved measuring windows per cell and target (their sum is reported)")
     args = p.parse_args(argv)
     args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not args.concurrency_list or min(args.concurrency_list) < 1 or max(args.concurrency_list) > 1024:
         p.error("--concurrency: comma-separated integers in 1..1024")
+    if not 1 <= args.rounds <= 20:
+        p.error("--rounds: an integer in 1..20")
     return args
 
 
 def _budget(args: argparse.Namespace) -> Budget:
     measure = args.measure_s or (1.5 if args.quick else 5.0)
-    return Budget(warmup_s=0.3 if args.quick else 1.0, measure_s=measure,
+    return Budget(warmup_s=0.3 if args.quick else 1.0, rewarm_s=0.2 if args.quick else 0.3,
+                  measure_s=measure / args.rounds, rounds=args.rounds,
                   grace_s=3.0 if args.quick else 8.0, max_requests=50_000)
 
 
@@ -154,20 +165,39 @@ def _spawn(procs: list[Proc], proc: Proc) -> Proc:
     return proc.start(ROOT)
 
 
-async def _measure(target: Target, sc: Scenario, budget: Budget, upstream: Proc) -> dict[str, Any]:
+async def _measure(target: Target, sc: Scenario, budget: Budget, upstream: Proc,
+                   warmup_s: float) -> tuple[LoadResult, dict[str, float]]:
+    """One measuring window on `target`, after `warmup_s` of the same load."""
     url = target.url + "/v1/chat/completions"
     async with make_session(max(64, sc.concurrency * 2)) as session:
         warm_n = max(sc.concurrency, 20)
-        await run_load(session, url, sc.body, sc.stream, sc.concurrency, warm_n, budget.warmup_s,
-                       budget.grace_s)
+        await run_load(session, url, sc.body, sc.stream, sc.concurrency, warm_n, warmup_s, budget.grace_s)
         before = _cpu_snapshot(target, upstream)
         res = await run_load(session, url, sc.body, sc.stream, sc.concurrency,
                              budget.max_requests, budget.measure_s, budget.grace_s)
         after = _cpu_snapshot(target, upstream)
     if res.unfinished:
         await asyncio.sleep(1.0)  # let the proxy finish aborting before the next cell
-    cpu = {k: after[k] - before[k] for k in after}
-    return row_from(target.name, sc.name, sc.concurrency, sc.stream, res, cpu)
+    return res, {k: after[k] - before[k] for k in after}
+
+
+async def _measure_cell(targets: list[Target], sc: Scenario, budget: Budget,
+                        upstream: Proc) -> list[dict[str, Any]]:
+    """Every target, `budget.rounds` windows each, in alternating order; one row
+    per target from the windows' sum."""
+    windows: dict[str, list[tuple[LoadResult, dict[str, float]]]] = {t.name: [] for t in targets}
+    for rnd in range(budget.rounds):
+        for target in (targets if rnd % 2 == 0 else targets[::-1]):
+            if target.proc is not None and not target.proc.alive():
+                raise RuntimeError(f"{target.name} died:\n{target.proc.log_tail()}")
+            warmup = budget.warmup_s if rnd == 0 else budget.rewarm_s
+            windows[target.name].append(await _measure(target, sc, budget, upstream, warmup))
+    rows = []
+    for target in targets:
+        res = merge_results([w[0] for w in windows[target.name]])
+        cpu = {k: sum(w[1][k] for w in windows[target.name]) for k in windows[target.name][0][1]}
+        rows.append(row_from(target.name, sc.name, sc.concurrency, sc.stream, res, cpu))
+    return rows
 
 
 def _cpu_snapshot(target: Target, upstream: Proc) -> dict[str, float]:
@@ -183,13 +213,9 @@ async def _run_all(args: argparse.Namespace, targets: list[Target], upstream: Pr
     rows: list[dict[str, Any]] = []
     for name, body, stream in kinds:
         for conc in args.concurrency_list:
-            sc = Scenario(name, body, stream, conc)
-            for target in targets:
-                if target.proc is not None and not target.proc.alive():
-                    raise RuntimeError(f"{target.name} died:\n{target.proc.log_tail()}")
-                row = await _measure(target, sc, budget, upstream)
+            for row in await _measure_cell(targets, Scenario(name, body, stream, conc), budget, upstream):
                 rows.append(row)
-                print(f"{name:10s} c={conc:<4d} {target.name:14s} {row['rps']:9.1f} req/s  "
+                print(f"{name:10s} c={conc:<4d} {row['target']:14s} {row['rps']:9.1f} req/s  "
                       f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  "
                       f"proxy {row['proxy_cpu_us_per_req']} us/req  errors {row['errors']}  "
                       f"unfinished {row['unfinished']}", flush=True)
