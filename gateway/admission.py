@@ -258,14 +258,8 @@ class AdmissionController:
                    uncached: Demand | None = None) -> Lease | None:
         """The in-process ledger: the trackers' counters are the whole ledger, and
         `_limits` checked them without suspending, so a fit is a grant."""
-        cached = ctx.cached_tokens
-        for replica in ranked:  # `_fitting`, unrolled: this runs for every request
-            if uncached is None or cached.get(replica.name):
-                demand = self.estimator.demand(ctx, replica.name)
-            else:
-                demand = uncached
-            if not isinstance(self._limits(replica, demand, cls), str):
-                return Lease(replica, demand, self._delta)
+        for replica, demand, _limits in self._fitting(ctx, ranked, cls, uncached):
+            return Lease(replica, demand, self._delta)
         return None
 
     def _fitting(self, ctx: RequestContext, ranked: list[Replica], cls: str,

@@ -82,7 +82,7 @@ class Lease:
         self.demand = demand
         self._on_change = on_change
         self.prefill_held = demand.prefill_tokens if held else 0
-        self.kv_held = demand.prompt_tokens + demand.output_tokens if held else 0
+        self.kv_held = demand.kv_tokens if held else 0
         self.closed = False
         on_change(self, self.kv_held, self.prefill_held, 1)
 

@@ -27,6 +27,7 @@ from gateway.engines import adapter_for
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
 from gateway.reassemble import StreamAssembler
 from gateway.replicas import Replica
+from gateway.reqtimer import phase
 from gateway.sse import SSERelay, usage_from_body
 from gateway.upstream import UpstreamClient, UpstreamResponse
 
@@ -44,31 +45,16 @@ def _stream_upstream(replica: Replica, engine_default: bool) -> bool:
 
 
 async def _timed(ctx: RequestContext, aw: Awaitable[T], seconds: float, what: str) -> T:
-    """`aw` bounded by `seconds` on the request's one timer (`gateway.reqtimer`,
-    the steps of its `phase` inlined: this runs a few times per request); its
-    own timer when the request has none (a forward outside the pipeline)."""
+    """`aw` bounded by `seconds` on the request's one timer (`gateway.reqtimer`);
+    its own timer when the request has none (a forward outside the pipeline)."""
     timer = ctx.deadline_timer
-    if timer is None:
-        try:
-            async with asyncio.timeout(seconds):
-                return await aw
-        except TimeoutError:
-            raise _timeout(what, seconds) from None
-    timer.start_phase(seconds, what)
     try:
-        return await aw
-    except asyncio.CancelledError:
-        if timer.claim("phase"):
-            timer.end_phase()
-            timer.resume()
-            raise _timeout(what, seconds) from None
-        raise
-    finally:
-        timer.end_phase()
-
-
-def _timeout(what: str, seconds: float) -> UpstreamTimeout:
-    return UpstreamTimeout(f"The engine sent no {what} within {seconds:g} s.")
+        if timer is not None:
+            return await phase(timer, aw, seconds, what)
+        async with asyncio.timeout(seconds):
+            return await aw
+    except TimeoutError:
+        raise UpstreamTimeout(f"The engine sent no {what} within {seconds:g} s.") from None
 
 
 class Forwarder:
