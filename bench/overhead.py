@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -76,6 +77,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway-uvicorn", action="store_true",
                    help="add a row: the same gateway with its public listener on uvicorn instead of the lean "
                         "server (bench/gateway_proc.py --server uvicorn)")
+    p.add_argument("--gateway-compiled", metavar="TREE", default=None,
+                   help="add a row: the same gateway from a compiled tree (mypyc, built in place by "
+                        "`python scripts/build_compiled.py TREE`), run from TREE")
     p.add_argument("--floor", action="store_true",
                    help="add a row: the gateway's HTTP server and upstream client with no pipeline "
                         "(bench/floor_proxy.py), to split the gateway's CPU into substrate and pipeline")
@@ -119,6 +123,8 @@ def _start_servers(args: argparse.Namespace, logs: Path, router_bin: str | None,
     targets.append(_start_gateway("gateway", _gateway_argv(args), up_url, logs, procs))
     if args.gateway_uvicorn:
         targets.append(_start_gateway("gateway-uvicorn", [*launcher, "--server", "uvicorn"], up_url, logs, procs))
+    if args.gateway_compiled:
+        targets.append(_start_compiled(Path(args.gateway_compiled).resolve(), up_url, logs, procs))
     if args.floor:
         targets.append(_start_gateway("floor", [sys.executable, "-m", "bench.floor_proxy"], up_url, logs, procs))
     if router_bin:
@@ -151,10 +157,22 @@ def _gateway_argv(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "bench.gateway_proc", "--server", "lean"]
 
 
-def _start_gateway(name: str, argv: list[str], up_url: str, logs: Path, procs: list[Proc]) -> Target:
+def _start_compiled(tree: Path, up_url: str, logs: Path, procs: list[Proc]) -> Target:
+    """`python -m gateway serve` run from `tree`, whose compiled modules (built in
+    place) shadow its sources; refuses a tree that holds no compiled pipeline."""
+    if not list((tree / "gateway").glob("pipeline.*.so")):
+        raise SystemExit(f"--gateway-compiled {tree}: no compiled gateway/pipeline there; "
+                         f"build it with `python scripts/build_compiled.py {tree}`")
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return _start_gateway("gateway-compiled", [sys.executable, "-m", "gateway", "serve"], up_url, logs, procs,
+                          env=env, cwd=tree)
+
+
+def _start_gateway(name: str, argv: list[str], up_url: str, logs: Path, procs: list[Proc],
+                   env: dict[str, str] | None = None, cwd: Path | None = None) -> Target:
     port, admin = free_port(), free_port()
     proc = _spawn(procs, Proc(name, [*argv, "--replica", f"vllm={up_url}", "--port", str(port),
-                              "--admin-port", str(admin)], logs / f"{name}.log"))
+                              "--admin-port", str(admin)], logs / f"{name}.log", env=env, cwd=cwd))
     url = f"http://127.0.0.1:{port}"
     wait_http_ok(url + "/readyz", proc, 40)
     return Target(name, url, proc)

@@ -70,6 +70,7 @@ class Proc:
     argv: Sequence[str]
     log_path: Path
     env: dict[str, str] | None = None
+    cwd: Path | None = None  # overrides the caller's cwd (a compiled tree runs from its own root)
     popen: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -81,7 +82,7 @@ class Proc:
     def start(self, cwd: Path) -> Proc:
         self._log = self.log_path.open("wb")
         self.popen = subprocess.Popen(
-            list(self.argv), cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
+            list(self.argv), cwd=self.cwd or cwd, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         return self
 

@@ -75,6 +75,7 @@ class AdmissionController:
             PRIORITY_CLASSES, cfg.queue_max_requests, cfg.queue_max_tokens, clock)
         self._pump_task: asyncio.Task[None] | None = None
         self._repump = False
+        self._closing: set[asyncio.Task[None]] = set()  # orphaned leases being released
         if metrics is not None:
             metrics.watch(registry, lambda: [(c, st.length, st.tokens) for c, st in self.queue.stats.items()])
 
@@ -170,22 +171,43 @@ class AdmissionController:
             raise Overloaded(f"The gateway queue for {cls} requests is full ({full.what}); retry later.",
                              retry_after=full.retry_after, reason="queue_full") from None
         self.kick()
-        lease: Lease | None = None
+        # The handlers neither read `lease` nor suspend. Compiled (mypyc, setup.py),
+        # a local assigned in `try` has its narrowed type in `except` / `finally`
+        # (None read as a TypeError), and an `await` in the handler here before its
+        # bare `raise` crashed the interpreter (memory corruption) in the queue tests.
         try:
             lease = await self._await_admission(entry, demand, future)
         except asyncio.CancelledError:
             gone = "deadline_exceeded" if self._clock() >= deadline - 0.001 else "client_gone"
             self._reject(cls, gone)
+            self._abandon(entry, future)
             raise
-        finally:
-            self.queue.remove(entry)
-            if not future.done():
-                future.cancel()
-            elif lease is None and not future.cancelled():
-                # Granted just as we were cancelled or shed: give it back.
-                await asyncio.shield(future.result().close())
+        except BaseException:
+            self._abandon(entry, future)
+            raise
+        self._withdraw(entry, future)
         self._count_admitted(cls, self._clock() - entry.enqueued_at)
         return lease
+
+    def _abandon(self, entry: Entry[Waiter], future: asyncio.Future[Lease]) -> None:
+        """The wait ended by an exception: leave the queue, and give back a lease
+        granted at that same moment (in a task when the release must suspend)."""
+        orphan = self._withdraw(entry, future)
+        if orphan is not None and not orphan.close_now():
+            task = asyncio.get_running_loop().create_task(orphan.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _withdraw(self, entry: Entry[Waiter], future: asyncio.Future[Lease]) -> Lease | None:
+        """Take a waiter out of the queue; returns a lease granted to it that
+        nobody will use (the wait ended some other way), for the caller to close."""
+        self.queue.remove(entry)
+        if not future.done():
+            future.cancel()
+            return None
+        if future.cancelled() or future.exception() is not None:
+            return None
+        return future.result()
 
     async def _await_admission(self, entry: Entry[Waiter], demand: Demand, future: asyncio.Future[Lease]) -> Lease:
         for _ in range(100_000):  # each round waits until the shed instant moves: bounded in practice

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gateway import buildinfo
 from gateway.config import GatewayConfig, ReplicaConfig, effective_config, load_config
 from gateway.configtools import ConfigError
 from gateway.serving import Listener, run, serve_all, tune_gc
@@ -95,7 +96,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port, server=cfg.listen.server),
                  Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
     print(f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
-          f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port})", flush=True)
+          f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port}); {buildinfo.describe()}", flush=True)
     run(_serve_reloading(gw, listeners, cfg.log_level))
     return 0
 

@@ -6,13 +6,14 @@ earlier stages wrote and adds its own fields; no stage reaches back.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+# Annotations naming these are quoted: the compiled build (mypyc, setup.py)
+# evaluates a dataclass's unquoted annotations at import time.
 if TYPE_CHECKING:
-    import asyncio
-    from collections.abc import Callable, Iterable, Mapping
-
     from gateway.config import TimeoutsConfig
     from gateway.deadlines import ClientDeadlines
     from gateway.protocol import ParsedRequest
@@ -29,17 +30,17 @@ class RequestContext:
     received_at: float
     client_host: str | None = None
     # ingress
-    request: ParsedRequest | None = None
+    request: "ParsedRequest | None" = None
     deadline: float | None = None
     deadline_source: str = "config"
     # deadlines (gateway/deadlines.py): the client's headers, the effective
     # per-request timeouts, the session's deadline (a monotonic instant, set by
     # the session stage), the response-start deadline (client SDK timeout)
-    client_deadlines: ClientDeadlines | None = None
-    timeouts: TimeoutsConfig | None = None
+    client_deadlines: "ClientDeadlines | None" = None
+    timeouts: "TimeoutsConfig | None" = None
     session_deadline: float | None = None
     start_deadline: float | None = None
-    deadline_timer: RequestTimer | None = None
+    deadline_timer: "RequestTimer | None" = None
     serving_task: asyncio.Task[Any] | None = None  # the asyncio task serving the request (set by the endpoint)
     session_key: str | None = None
     # policy / auth
@@ -53,7 +54,7 @@ class RequestContext:
     prefix: Any = None
     # replica name -> prompt tokens the router expects cached there (admission: prefill = prompt - cached)
     cached_tokens: dict[str, int] = field(default_factory=dict)
-    replica: Replica | None = None
+    replica: "Replica | None" = None
     attempts: int = 0
     queued_at: float | None = None
     admitted_at: float | None = None

@@ -36,7 +36,7 @@ from typing import Any
 
 from gateway.config import GatewayConfig, TimeoutsConfig
 from gateway.context import RequestContext
-from gateway.errors import BadRequest, DeadlineExceeded
+from gateway.errors import DeadlineExceeded, InvalidDeadlineHeader
 from gateway.reqtimer import RequestTimer
 
 Clock = Callable[[], float]
@@ -47,11 +47,6 @@ TIMEOUT_HEADER = "x-request-timeout"
 CLIENT_TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
 #: Sources after which a retry cannot help: the instant is fixed.
 ABSOLUTE_SOURCES = frozenset({DEADLINE_HEADER, "session"})
-
-
-class InvalidDeadlineHeader(BadRequest):
-    code = "invalid_deadline_header"
-    reason = "invalid_deadline_header"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,13 @@ import asyncio
 import dataclasses
 import logging
 
+from gateway import buildinfo
 from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig
 from gateway.serving import Listener, serve_all
 
 _EXAMPLE = """\
 Gateway ready on http://127.0.0.1:{port} (admin: http://127.0.0.1:{admin}/metrics,
-/admin/replicas) in front of {n} simulated vLLM replicas on ports {ports}.
+/admin/replicas) in front of {n} simulated vLLM replicas on ports {ports}; {build}.
 
 Try it:
 
@@ -56,7 +57,7 @@ def run_demo(args: argparse.Namespace) -> int:
     listeners = sims + [Listener(gw.public_app, "127.0.0.1", args.port, server="lean"),
                         Listener(gw.admin_app, "127.0.0.1", args.admin_port)]
     print(_EXAMPLE.format(port=args.port, admin=args.admin_port, n=args.replicas,
-                          ports=", ".join(map(str, sim_ports))), flush=True)
+                          ports=", ".join(map(str, sim_ports)), build=buildinfo.describe()), flush=True)
     try:
         asyncio.run(serve_all(listeners))
     except KeyboardInterrupt:

@@ -4,6 +4,7 @@
      ├── BadRequest                   (400 invalid_request_error)
      │    ├── InvalidJSON
      │    ├── ContextLengthExceeded   (code context_length_exceeded)
+     │    ├── InvalidDeadlineHeader   (code invalid_deadline_header)
      │    └── UnknownTask             (code unknown_task)
      ├── Unauthorized                 (401 authentication_error)
      ├── Forbidden                    (403 permission_error)
@@ -73,6 +74,11 @@ class BadRequest(GatewayError):
 class InvalidJSON(BadRequest):
     code = "invalid_json"
     reason = "invalid_json"
+
+
+class InvalidDeadlineHeader(BadRequest):
+    code = "invalid_deadline_header"
+    reason = "invalid_deadline_header"
 
 
 class ContextLengthExceeded(BadRequest):

@@ -34,7 +34,7 @@ from gateway.httpconn import (
     StaleConnection,
 )
 
-__all__ = ["ConnectFailed", "ConnectionBroken", "HTTPClientError", "Pool", "Response", "StaleConnection",
+__all__ = ["Conn", "ConnectFailed", "ConnectionBroken", "HTTPClientError", "Pool", "Response", "StaleConnection",
            "Target", "encode_request"]
 
 DNS_TTL_S: Final = 10.0

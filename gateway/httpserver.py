@@ -31,8 +31,9 @@ from email.utils import formatdate
 from types import FrameType
 from typing import Any
 
+from gateway.disconnect import ClientDisconnected
 from gateway.httpserver_conn import HttpConnection, ServerState
-from gateway.httpserver_exchange import ASGIApp, ClientDisconnected, Message
+from gateway.httpserver_exchange import ASGIApp, Message
 
 __all__ = ["ClientDisconnected", "LeanServer"]
 

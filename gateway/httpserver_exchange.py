@@ -35,6 +35,8 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final
 
+from gateway.disconnect import ClientDisconnected
+
 if TYPE_CHECKING:
     from gateway.httpserver_conn import HttpConnection
 
@@ -81,10 +83,6 @@ def _new_name(name: bytes) -> bytes:
 
 def _noop() -> None:
     pass
-
-
-class ClientDisconnected(OSError):
-    """`send()` on a connection the client closed (ASGI 2.4: a subclass of OSError)."""
 
 
 def error_response(status: int, message: str, date_line: bytes) -> bytes:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
+from gateway import __version__, buildinfo
 from gateway.fastmetrics import LockFreeCounter, LockFreeGauge, LockFreeHistogram
 
 M_co = TypeVar("M_co", covariant=True)
@@ -69,6 +70,8 @@ class GatewayMetrics:
         self.duration_by = Children(self.duration)
         self.ttfb_by = Children(self.ttfb)
         self.attempts_by = Children(self.upstream_attempts)
+        Info("gateway_build", "The running gateway: version, and whether its request path is compiled.",
+             registry=r).info({"version": __version__, "compiled": "true" if buildinfo.compiled() else "false"})
         self.replica_healthy = Gauge("gateway_replica_healthy", "1 when the replica passes health checks.",
                                      ["replica"], registry=r)
         self.replica_in_flight = Gauge("gateway_replica_in_flight", "Requests forwarded to the replica.",

@@ -64,13 +64,24 @@ class Pipeline:
         self._metrics.admitted.inc()
         self._metrics.in_flight.inc()
         try:
+            failure = await self._outcome(ctx, raw, send)
+            if failure is not None:
+                await self._fail(ctx, failure, send)
+        finally:
+            self._metrics.in_flight.dec()
+            self._settle(ctx)
+
+    async def _outcome(self, ctx: RequestContext, raw: bytes, send: Send) -> GatewayError | None:
+        """Run the request; sets `ctx.outcome` and returns the error still to be
+        answered. (The answer is sent by the caller: the compiled build must not
+        `await` inside an exception handler, see setup.py.)"""
+        try:
             await self._run(ctx, raw, send)
-            ctx.outcome = "ok"
         except GatewayError as err:
             ctx.outcome = err.reason
             if isinstance(err, DeadlineExceeded):
                 self._metrics.deadline_exceeded.labels(ctx.stage).inc()
-            await self._fail(ctx, err, send)
+            return err
         except asyncio.CancelledError:
             ctx.outcome = "cancelled"
             self._metrics.cancellations.labels(ctx.stage).inc()
@@ -79,9 +90,9 @@ class Pipeline:
             # The client went away while we were sending (ASGI 2.4 send raises).
             ctx.outcome = "cancelled"
             self._metrics.cancellations.labels(ctx.stage).inc()
-        finally:
-            self._metrics.in_flight.dec()
-            self._settle(ctx)
+            return None
+        ctx.outcome = "ok"
+        return None
 
     async def _run(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
         s = self.stages
@@ -95,36 +106,47 @@ class Pipeline:
             await self._dispatch(ctx, timed_send)
 
     async def _dispatch(self, ctx: RequestContext, send: Send) -> None:
-        s = self.stages
         tried: set[str] = set()
         last: GatewayError | None = None
         for _ in range(1 + self._cfg.limits.max_retries):
             candidates = [r for r in self._registry.healthy() if r.name not in tried]
             if not candidates:
                 break
-            ctx.stage = "routing"
-            ranked = s.router.rank(ctx, candidates)
-            ctx.stage = "queued"
-            async with s.admission.acquire(ctx, ranked) as lease:
-                ctx.replica = lease.replica
-                ctx.attempts += 1
-                s.router.on_routed(ctx, lease.replica)
-                try:
-                    await s.forwarder.forward(ctx, lease.replica, send)
-                except UpstreamNeverReached as err:
-                    self._attempt(lease.replica, "never_reached")
-                    if not err.retry_same_replica:
-                        tried.add(lease.replica.name)
-                    last = err
-                    continue
-                except GatewayError:
-                    self._attempt(lease.replica, "error")
-                    raise
-                self._attempt(lease.replica, "ok")
+            retryable = await self._try_once(ctx, candidates, send, tried)
+            if retryable is None:
                 return
+            last = retryable
         if last is not None:
             raise last
         raise NoHealthyReplica("No healthy replica is available.", retry_after=self._cfg.health.interval_s)
+
+    async def _try_once(self, ctx: RequestContext, candidates: list[Replica], send: Send,
+                        tried: set[str]) -> UpstreamNeverReached | None:
+        """One attempt: route, admit, forward. Returns None when answered, or the
+        retryable error when the replica was never reached (added to `tried`
+        unless the same replica may be retried)."""
+        s = self.stages
+        ctx.stage = "routing"
+        ranked = s.router.rank(ctx, candidates)
+        ctx.stage = "queued"
+        retryable: UpstreamNeverReached | None = None
+        async with s.admission.acquire(ctx, ranked) as lease:
+            ctx.replica = lease.replica
+            ctx.attempts += 1
+            s.router.on_routed(ctx, lease.replica)
+            try:
+                await s.forwarder.forward(ctx, lease.replica, send)
+            except UpstreamNeverReached as err:
+                self._attempt(lease.replica, "never_reached")
+                if not err.retry_same_replica:
+                    tried.add(lease.replica.name)
+                retryable = err
+            except GatewayError:
+                self._attempt(lease.replica, "error")
+                raise
+            else:
+                self._attempt(lease.replica, "ok")
+        return retryable
 
     def _attempt(self, replica: Replica, result: str) -> None:
         self._metrics.attempts_by(replica.name, result).inc()

@@ -110,6 +110,9 @@ class Forwarder:
         # Entered by hand so the head timeout bounds only the entry (a failed or
         # cancelled entry frees its connection itself).
         resp = await _timed(ctx, cm.__aenter__(), head_timeout, "response headers")
+        # The exit is awaited outside the handler: the compiled build must not
+        # `await` inside an exception handler (setup.py).
+        failure: BaseException | None = None
         try:
             ctx.upstream_status = resp.status
             if resp.status != 200:
@@ -120,10 +123,13 @@ class Forwarder:
                 await self._relay_stream(ctx, resp, send, injected)
             else:
                 await self._relay_body(ctx, resp, send)
-        except BaseException as exc:
-            await cm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        await cm.__aexit__(None, None, None)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the exit
+            failure = exc
+        if failure is None:
+            await cm.__aexit__(None, None, None)
+            return
+        await cm.__aexit__(type(failure), failure, failure.__traceback__)
+        raise failure
 
     async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
         raw = await _timed(ctx, resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")

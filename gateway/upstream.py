@@ -26,6 +26,7 @@ from types import TracebackType
 from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamNeverReached, UpstreamStaleConnection, UpstreamUnavailable
 from gateway.httpclient import (
+    Conn,
     ConnectFailed,
     HTTPClientError,
     Pool,
@@ -169,12 +170,9 @@ class UpstreamClient:
                 conn = await pool.acquire(target, max(0.0, deadline - loop.time()))
             except HTTPClientError as exc:
                 raise UpstreamNeverReached(f"cannot connect to {url}: {exc}") from exc
-            resp: Response | None = None
             try:
                 async with asyncio.timeout_at(deadline):
-                    resp = await pool.send(conn, payload)
-                    body = await UpstreamResponse(resp).read_all(_MAX_SMALL_BODY)
-                return SmallResponse(resp.status, body, resp.header(b"content-type") or "")
+                    return await _exchange(pool, conn, payload)
             except StaleConnection as exc:
                 if attempt:
                     raise _translate(url, exc) from exc
@@ -182,7 +180,13 @@ class UpstreamClient:
                 raise _translate(url, exc) from exc
             except TimeoutError as exc:
                 raise UpstreamUnavailable(f"{method} {url} failed: no answer within {timeout:g} s") from exc
-            finally:
-                if resp is not None:
-                    resp.release(True)
         raise AssertionError("unreachable")
+
+
+async def _exchange(pool: Pool, conn: Conn, payload: bytes) -> SmallResponse:
+    resp = await pool.send(conn, payload)
+    try:
+        body = await UpstreamResponse(resp).read_all(_MAX_SMALL_BODY)
+        return SmallResponse(resp.status, body, resp.header(b"content-type") or "")
+    finally:
+        resp.release(True)

@@ -16,7 +16,7 @@ from gateway.config import AdmissionConfig, ReplicaConfig
 from gateway.context import RequestContext
 from gateway.engines.metrics import EngineReading
 from gateway.ledger import Lease, SharedLease, keys
-from gateway.replicas import ReplicaRegistry
+from gateway.replicas import Replica, ReplicaRegistry
 from gateway.state import MemoryStateStore
 
 CAP = 10_000
@@ -149,9 +149,10 @@ def test_close_now_releases_in_process_and_defers_otherwise() -> None:
         from gateway.ledger import Demand, Limits, claims
 
         demand = Demand(100, 50, 100)
+        replica = Replica(ReplicaConfig(url="http://127.0.0.1:9", name="a"))
         for store, expect_now in ((MemoryStateStore(), True), (_RemoteStore(), False)):
             res = (await store.reserve(claims("a", demand, Limits(None, None, None)), 60)).reservation
-            lease = SharedLease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
+            lease = SharedLease(replica, demand, store, res, 60, on_change)
             assert lease.close_now() is expect_now
             if not expect_now:
                 await lease.close()
@@ -161,7 +162,7 @@ def test_close_now_releases_in_process_and_defers_otherwise() -> None:
         # A prefill swap under way: close_now defers to close, which waits for it.
         store = MemoryStateStore()
         res = (await store.reserve(claims("a", demand, Limits(None, None, None)), 60)).reservation
-        lease = SharedLease(None, demand, store, res, 60, on_change)  # type: ignore[arg-type]
+        lease = SharedLease(replica, demand, store, res, 60, on_change)
         lease.first_byte()
         assert lease.close_now() is False
         await lease.close()

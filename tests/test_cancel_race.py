@@ -12,8 +12,8 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from gateway.app import _race_disconnect, _receive_watch
 from gateway.context import RequestContext
+from gateway.endpoint import _race_disconnect, _receive_watch
 
 
 class Client:

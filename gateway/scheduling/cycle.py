@@ -46,7 +46,7 @@ class Load:
 
 @dataclass(slots=True)
 class Cycle:
-    ctx: RequestContext
+    ctx: "RequestContext"  # quoted: see gateway/context.py
     blocks: PrefixBlocks
     prompt_tokens: int
     loads: dict[str, Load]
