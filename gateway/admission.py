@@ -185,7 +185,7 @@ class AdmissionController:
         except BaseException:
             self._abandon(entry, future)
             raise
-        self._withdraw(entry, future)
+        self.queue.remove(entry)
         self._count_admitted(cls, self._clock() - entry.enqueued_at)
         return lease
 

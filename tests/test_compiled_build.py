@@ -19,6 +19,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from gateway import buildinfo
@@ -182,3 +183,14 @@ def test_build_info_metric_says_which_build_runs() -> None:
     text = generate_latest(GatewayMetrics().registry).decode()
     flag = "true" if buildinfo.compiled() else "false"
     assert f'gateway_build_info{{compiled="{flag}",version="' in text
+
+
+@pytest.mark.slow
+def test_a_failed_compile_in_auto_mode_leaves_a_pure_build(tmp_path: Path) -> None:
+    """A compiler that is there but fails (here `false`): mypyc generates the C,
+    the compile fails, and `auto` installs pure Python with no extension left over."""
+    tree = _source_copy(tmp_path)
+    auto = _setup(["build_ext", "--inplace"], tree, CC="false")
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert "compiling the request path failed" in auto.stderr and "pure-Python build" in auto.stderr
+    assert not list(tree.rglob("*.so"))
