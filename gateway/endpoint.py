@@ -73,7 +73,7 @@ class CompletionsEndpoint:
         try:
             raw = await _read_body(receive, headers, self._gw.config.limits.max_body_bytes)
         except PayloadTooLarge as err:
-            too_large, raw = err, b""
+            too_large, raw = err.with_traceback(None), b""  # no frame ↔ traceback cycle
         except ClientGone:
             self._gw.metrics.cancellations.labels("ingress").inc()
             return

@@ -193,6 +193,10 @@ class Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost(exc, eof=False)
+        # The last callback: break the conn ↔ parser (and conn → transport) cycles,
+        # so a closed connection is freed by reference counting, not the cyclic GC.
+        self.transport = None
+        del self.parser
 
     def _lost(self, exc: Exception | None, eof: bool) -> None:
         self.dead = True

@@ -129,7 +129,10 @@ class Forwarder:
             await cm.__aexit__(None, None, None)
             return
         await cm.__aexit__(type(failure), failure, failure.__traceback__)
-        raise failure
+        try:
+            raise failure
+        finally:
+            del failure  # else this frame and the exception's traceback form a cycle
 
     async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
         raw = await _timed(ctx, resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")
