@@ -69,6 +69,7 @@ class Conn(asyncio.Protocol):
         "uses",
         "waiter",
     )
+    __deletable__ = ("parser",)  # tells mypyc (setup.py) that `connection_lost` deletes it
 
     transport: asyncio.Transport | None
     status: int
