@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.config import AdmissionConfig, ReplicaConfig
+from gateway.config.schema import AdmissionConfig, ReplicaConfig
 from gateway.sim.config import Flavor, SimConfig
 from tests.gwharness import RunningGateway, running_gateway
 from tests.rawhttp import RawRequest

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from gateway.estimate import estimate_text
+from gateway.policy.estimate import estimate_text
 
 MODULES = ("json", "os", "re", "asyncio.tasks", "collections", "argparse", "email.message", "http.client",
            "logging", "subprocess", "typing", "dataclasses", "functools", "pathlib", "shutil", "socket",

@@ -17,9 +17,9 @@ import argparse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.httpclient import HTTPClientError, Pool
-from gateway.httpserver import LeanServer
-from gateway.serving import run, tune_gc
+from gateway.http.client import HTTPClientError, Pool
+from gateway.http.server import LeanServer
+from gateway.http.serving import run, tune_gc
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

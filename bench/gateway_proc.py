@@ -11,8 +11,8 @@ import logging
 from typing import Literal, cast
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig
-from gateway.serving import Listener, run, serve_all, tune_gc
+from gateway.config.schema import GatewayConfig, ListenConfig, ReplicaConfig
+from gateway.http.serving import Listener, run, serve_all, tune_gc
 
 
 def main() -> None:

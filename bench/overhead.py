@@ -36,7 +36,7 @@ from bench.loadgen import LoadResult, agent_body, make_session, merge_results, r
 from bench.manifest import manifest
 from bench.overhead_report import markdown, row_from, summarize
 from bench.procs import Proc, self_cpu_seconds, tree_cpu_seconds, wait_http_ok
-from gateway.serving import free_port
+from gateway.http.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM_CHUNKS = 200

@@ -45,8 +45,8 @@ import httpx
 
 from bench.loadgen import percentile
 from bench.procs import Proc, wait_http_ok
-from gateway.config import AdmissionConfig, TimeoutsConfig
-from gateway.serving import free_port
+from gateway.config.schema import AdmissionConfig, TimeoutsConfig
+from gateway.http.serving import free_port
 from gateway.sim.config import SimConfig
 from tests.gwharness import RunningGateway, running_gateway
 

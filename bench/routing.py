@@ -38,7 +38,7 @@ from bench.routing_workloads import (
     load_trace,
     unique_workload,
 )
-from gateway.config import (
+from gateway.config.schema import (
     AdmissionConfig,
     GatewayConfig,
     HealthConfig,
@@ -47,7 +47,7 @@ from gateway.config import (
     TimeoutsConfig,
 )
 from gateway.scheduling.config import SchedulingConfig
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.http.serving import BackgroundServers, Listener, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

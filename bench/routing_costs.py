@@ -12,11 +12,11 @@ from prometheus_client import CollectorRegistry
 from starlette.datastructures import Headers
 
 from bench.routing_workloads import words
-from gateway.config import ReplicaConfig
-from gateway.context import RequestContext
-from gateway.prefix import prefix_blocks
-from gateway.protocol import parse_request, prompt_parts
-from gateway.replicas import Replica
+from gateway.config.schema import ReplicaConfig
+from gateway.pipeline.context import RequestContext
+from gateway.scheduling.prefix import prefix_blocks
+from gateway.ingress.protocol import parse_request, prompt_parts
+from gateway.replicas.registry import Replica
 from gateway.scheduling.config import SchedulingConfig
 from gateway.scheduling.router import build_router
 

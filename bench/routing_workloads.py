@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.prefix import chain_hashes, render, seed_of
-from gateway.protocol import parse_request, prompt_parts
+from gateway.scheduling.prefix import chain_hashes, render, seed_of
+from gateway.ingress.protocol import parse_request, prompt_parts
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 ORACLE_BLOCK_BYTES = 64

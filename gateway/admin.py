@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.configtools import ConfigError
+from gateway.config.decode import ConfigError
 
 if TYPE_CHECKING:
     from gateway.app import Gateway

@@ -21,23 +21,23 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import build_admin_app
-from gateway.admission import AdmissionController
-from gateway.admission_metrics import AdmissionMetrics
-from gateway.auth import Authenticator
-from gateway.budgets import Budgets
-from gateway.config import GatewayConfig
-from gateway.endpoint import CompletionsEndpoint, PublicApp
+from gateway.admission.controller import AdmissionController
+from gateway.admission.metrics import AdmissionMetrics
+from gateway.ingress.auth import Authenticator
+from gateway.policy.budgets import Budgets
+from gateway.config.schema import GatewayConfig
+from gateway.pipeline.endpoint import CompletionsEndpoint, PublicApp
 from gateway.errors import GatewayError, NotFound, error_response
-from gateway.ingress import Ingress
-from gateway.metrics import GatewayMetrics
-from gateway.pipeline import Pipeline, Stages
-from gateway.policy import PolicyStage
-from gateway.poller import LiveStatePoller
-from gateway.proxy import Forwarder
-from gateway.replicas import HealthMonitor, ReplicaRegistry
+from gateway.ingress.stage import Ingress
+from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline.pipeline import Pipeline, Stages
+from gateway.policy.stage import PolicyStage
+from gateway.replicas.poller import LiveStatePoller
+from gateway.forward.forwarder import Forwarder
+from gateway.replicas.registry import HealthMonitor, ReplicaRegistry
 from gateway.scheduling.router import build_router
 from gateway.state import MemoryStateStore
-from gateway.upstream import UpstreamClient
+from gateway.forward.upstream import UpstreamClient
 
 log = logging.getLogger("gateway")
 

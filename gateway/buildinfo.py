@@ -8,7 +8,7 @@ import importlib.machinery
 import importlib.util
 
 #: A module that every compiled build compiles (setup.py `COMPILED_MODULES`).
-_PROBE = "gateway.pipeline"
+_PROBE = "gateway.pipeline.pipeline"
 
 
 def compiled() -> bool:

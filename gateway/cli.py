@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 
 from gateway import buildinfo
-from gateway.config import GatewayConfig, ReplicaConfig, effective_config, load_config
-from gateway.configtools import ConfigError
-from gateway.serving import Listener, run, serve_all, tune_gc
+from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config, load_config
+from gateway.config.decode import ConfigError
+from gateway.http.serving import Listener, run, serve_all, tune_gc
 
 
 def _replica_arg(value: str) -> ReplicaConfig:
@@ -117,7 +117,7 @@ async def _serve_reloading(gw: Any, listeners: list[Listener], log_level: str) -
 def _cmd_check(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.file)
-        from gateway.policy import check_policies
+        from gateway.policy.stage import check_policies
 
         policies = check_policies(cfg)
     except ConfigError as exc:

@@ -8,8 +8,8 @@ import dataclasses
 import logging
 
 from gateway import buildinfo
-from gateway.config import GatewayConfig, ListenConfig, ReplicaConfig
-from gateway.serving import Listener, serve_all
+from gateway.config.schema import GatewayConfig, ListenConfig, ReplicaConfig
+from gateway.http.serving import Listener, serve_all
 
 _EXAMPLE = """\
 Gateway ready on http://127.0.0.1:{port} (admin: http://127.0.0.1:{admin}/metrics,

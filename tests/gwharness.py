@@ -17,8 +17,8 @@ import httpx
 import openai
 
 from gateway.app import Gateway, create_app
-from gateway.config import GatewayConfig, HealthConfig, ListenConfig, ReplicaConfig
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.config.schema import GatewayConfig, HealthConfig, ListenConfig, ReplicaConfig
+from gateway.http.serving import BackgroundServers, Listener, free_port
 
 FAST_HEALTH = HealthConfig(interval_s=0.2, timeout_s=1.0, unhealthy_after=1, healthy_after=1)
 

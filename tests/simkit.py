@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.http.serving import BackgroundServers, Listener, free_port
 from gateway.sim.app import SimReplica
 from gateway.sim.config import SimConfig
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from gateway.admission import AdmissionController
-from gateway.config import AdmissionConfig, ReplicaConfig
-from gateway.context import RequestContext
-from gateway.engines.metrics import EngineReading
+from gateway.admission.controller import AdmissionController
+from gateway.config.schema import AdmissionConfig, ReplicaConfig
+from gateway.pipeline.context import RequestContext
+from gateway.engines.readings import EngineReading
 from gateway.errors import BadRequest, Overloaded
-from gateway.replicas import Replica, ReplicaRegistry
+from gateway.replicas.registry import Replica, ReplicaRegistry
 
 CAP = 10_000
 

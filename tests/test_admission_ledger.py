@@ -11,12 +11,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from gateway.admission import AdmissionController
-from gateway.config import AdmissionConfig, ReplicaConfig
-from gateway.context import RequestContext
-from gateway.engines.metrics import EngineReading
-from gateway.ledger import Lease, SharedLease, keys
-from gateway.replicas import Replica, ReplicaRegistry
+from gateway.admission.controller import AdmissionController
+from gateway.config.schema import AdmissionConfig, ReplicaConfig
+from gateway.pipeline.context import RequestContext
+from gateway.engines.readings import EngineReading
+from gateway.admission.ledger import Lease, SharedLease, keys
+from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.state import MemoryStateStore
 
 CAP = 10_000
@@ -146,7 +146,7 @@ def test_close_now_releases_in_process_and_defers_otherwise() -> None:
         def on_change(lease: Lease, kv: int, prefill: int, inflight: int) -> None:
             changes.append((kv, prefill, inflight))
 
-        from gateway.ledger import Demand, Limits, claims
+        from gateway.admission.ledger import Demand, Limits, claims
 
         demand = Demand(100, 50, 100)
         replica = Replica(ReplicaConfig(url="http://127.0.0.1:9", name="a"))

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import AdmissionConfig, GatewayConfig
+from gateway.config.schema import AdmissionConfig, GatewayConfig
 from gateway.sim.cluster import SimCluster
 from gateway.sim.config import SimConfig
 from tests.gwharness import RunningGateway, running_gateway
@@ -236,8 +236,8 @@ def test_interactive_admitted_before_a_queue_of_batch(tmp_path: Any) -> None:
 
 
 def test_replica_that_stops_answering_polls_is_stale_and_unhealthy() -> None:
-    from gateway.config import ReplicaConfig
-    from gateway.serving import free_port
+    from gateway.config.schema import ReplicaConfig
+    from gateway.http.serving import free_port
 
     dead = ReplicaConfig(url=f"http://127.0.0.1:{free_port()}", name="dead", kind="vllm", capacity_tokens=1000)
     with running_gateway([dead], admission=adm(stale_after_s=0.2)) as gw:
@@ -248,8 +248,8 @@ def test_replica_that_stops_answering_polls_is_stale_and_unhealthy() -> None:
 
 
 def test_admission_config_is_strict() -> None:
-    from gateway.config import parse_config
-    from gateway.configtools import ConfigError
+    from gateway.config.schema import parse_config
+    from gateway.config.decode import ConfigError
 
     cfg = parse_config({"admission": {"watermarks": {"batch": 0.5}}})
     assert cfg.admission.watermarks == {"interactive": 0.92, "standard": 0.85, "batch": 0.5}

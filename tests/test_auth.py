@@ -8,10 +8,10 @@ import time
 import pytest
 from starlette.datastructures import Headers
 
-from gateway.auth import Authenticator
-from gateway.config import ApiKeyConfig, AuthConfig, TenantConfig
-from gateway.configtools import ConfigError, decode
-from gateway.context import RequestContext
+from gateway.ingress.auth import Authenticator
+from gateway.config.schema import ApiKeyConfig, AuthConfig, TenantConfig
+from gateway.config.decode import ConfigError, decode
+from gateway.pipeline.context import RequestContext
 from gateway.errors import Unauthorized
 
 

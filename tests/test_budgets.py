@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from gateway.budgets import Budgets
-from gateway.config import GatewayConfig, TenantConfig
-from gateway.context import RequestContext
+from gateway.policy.budgets import Budgets
+from gateway.config.schema import GatewayConfig, TenantConfig
+from gateway.pipeline.context import RequestContext
 from gateway.errors import RateLimited
-from gateway.policyset import Policy, SessionSpec
+from gateway.policy.policyset import Policy, SessionSpec
 from gateway.sim.cluster import SimCluster
 from gateway.state import Claim, MemoryStateStore
 from tests.gwharness import running_gateway

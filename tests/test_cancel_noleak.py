@@ -11,7 +11,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from gateway.config import AdmissionConfig, ReplicaConfig
+from gateway.config.schema import AdmissionConfig, ReplicaConfig
 from gateway.sim.config import SimConfig
 from tests.gwharness import RunningGateway, running_gateway
 from tests.rawhttp import RawRequest

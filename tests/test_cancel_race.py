@@ -12,8 +12,8 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from gateway.context import RequestContext
-from gateway.endpoint import _race_disconnect, _receive_watch
+from gateway.pipeline.context import RequestContext
+from gateway.pipeline.endpoint import _race_disconnect, _receive_watch
 
 
 class Client:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from gateway.serving import free_port
+from gateway.http.serving import free_port
 from gateway.sim.cluster import SimCluster
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import GatewayConfig, load_config, parse_config
-from gateway.configtools import ConfigError
+from gateway.config.schema import GatewayConfig, load_config, parse_config
+from gateway.config.decode import ConfigError
 
 
 def problems(data: object) -> list[str]:

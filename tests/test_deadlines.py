@@ -14,12 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from gateway import deadlines
-from gateway.config import GatewayConfig, TimeoutsConfig
-from gateway.context import RequestContext
-from gateway.deadlines import ClientDeadlines, InvalidDeadlineHeader, parse_headers, resolve
+from gateway.deadlines import deadline as deadlines
+from gateway.config.schema import GatewayConfig, TimeoutsConfig
+from gateway.pipeline.context import RequestContext
+from gateway.deadlines.deadline import ClientDeadlines, InvalidDeadlineHeader, parse_headers, resolve
 from gateway.errors import DeadlineExceeded, error_headers
-from gateway.policyset import DeadlineSpec, Policy
+from gateway.policy.policyset import DeadlineSpec, Policy
 
 WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 MONO0 = 1000.0

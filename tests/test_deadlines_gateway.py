@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import ReplicaConfig
+from gateway.config.schema import ReplicaConfig
 from gateway.sim.config import SimConfig
 from tests.gwharness import RunningGateway, running_gateway
 from tests.simkit import MSG, Sims, chat_body, metric, running_sims, settled, wait_for

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import AdmissionConfig
-from gateway.configtools import ConfigError
-from gateway.context import RequestContext
-from gateway.demand import _WINDOW, DemandEstimator, OutputLearner
-from gateway.policyset import load_policy_set
+from gateway.config.schema import AdmissionConfig
+from gateway.config.decode import ConfigError
+from gateway.pipeline.context import RequestContext
+from gateway.admission.demand import _WINDOW, DemandEstimator, OutputLearner
+from gateway.policy.policyset import load_policy_set
 
 
 @settings(max_examples=200, deadline=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.engines.metrics import MetricsParseError, parse_llamacpp, parse_vllm_metrics
+from gateway.engines.readings import MetricsParseError, parse_llamacpp, parse_vllm_metrics
 
 VLLM_NEW_TWO_ENGINES = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gateway.fastmetrics import LockFreeCounter, LockFreeGauge, LockFreeHistogram
+from gateway.observability.cells import LockFreeCounter, LockFreeGauge, LockFreeHistogram
 
 BUCKETS = (0.005, 0.01, 0.1, 1, 2.5, 600)
 _LABELS = st.sampled_from(["chat", "agent", "bat ch", 'q"uote'])

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import ReplicaConfig
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.config.schema import ReplicaConfig
+from gateway.http.serving import BackgroundServers, Listener, free_port
 from tests.gwharness import RunningGateway, running_gateway
 from tests.upstreams import LLAMACPP_CONTEXT_ERROR, VLLM_CONTEXT_ERROR, Script, scripted_app
 
@@ -121,7 +121,7 @@ def test_bad_requests(gw_scripted: tuple[Script, RunningGateway]) -> None:
 
 @pytest.mark.parametrize("server", ["lean", "uvicorn"])
 def test_body_too_large(scripted: tuple[Script, str], server: Literal["lean", "uvicorn"]) -> None:
-    from gateway.config import LimitsConfig
+    from gateway.config.schema import LimitsConfig
 
     script, url = scripted
     with running_gateway([url], server=server, limits=LimitsConfig(max_body_bytes=4096)) as gw:
@@ -203,7 +203,7 @@ def _wait(cond: object, timeout: float = 10.0) -> None:
 
 def test_generated_request_ids_are_unique_within_and_across_instances() -> None:
     from gateway.app import create_app
-    from gateway.config import GatewayConfig, ReplicaConfig
+    from gateway.config.schema import GatewayConfig, ReplicaConfig
 
     cfg = GatewayConfig(replicas=(ReplicaConfig(url="http://127.0.0.1:1", kind="vllm"),))
     a, b = create_app(cfg), create_app(cfg)

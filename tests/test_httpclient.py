@@ -20,11 +20,11 @@ from typing import Any, Self
 import pytest
 import uvloop
 
-from gateway.config import UpstreamConfig
+from gateway.config.schema import UpstreamConfig
 from gateway.errors import UpstreamNeverReached, UpstreamStaleConnection, UpstreamUnavailable
-from gateway.httpconn import HIGH_WATER
-from gateway.serving import free_port
-from gateway.upstream import UpstreamClient
+from gateway.http.client_conn import HIGH_WATER
+from gateway.http.serving import free_port
+from gateway.forward.upstream import UpstreamClient
 
 Handler = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 JSON = {"Content-Type": "application/json"}

@@ -23,9 +23,9 @@ import httptools
 import httpx
 import pytest
 
-from gateway.httpserver import LeanServer
-from gateway.httpserver_exchange import BODY_HIGH_WATER, DISCONNECT_EXTENSION
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.http.server import LeanServer
+from gateway.http.exchange import BODY_HIGH_WATER, DISCONNECT_EXTENSION
+from gateway.http.serving import BackgroundServers, Listener, free_port
 
 Scope = dict[str, Any]
 Receive = Callable[[], Any]
@@ -692,7 +692,7 @@ def test_app_errors(port: int, caplog: pytest.LogCaptureFixture) -> None:
         (r,) = reader.read(1)
         assert r.status == 500 and r.json()["error"]["type"] == "server_error" and reader.wait_closed()
     assert any("boom before the response" in (rec.exc_text or "") for rec in caplog.records
-               if rec.name == "gateway.httpserver")
+               if rec.name == "gateway.http.server")
     for path in ("/boom-after", "/too-long"):  # after the head went out: the connection closes
         with connect(port) as s:
             s.sendall(request("GET", path))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import AdmissionConfig
-from gateway.engines.metrics import EngineReading
-from gateway.livestate import ReplicaLive
+from gateway.config.schema import AdmissionConfig
+from gateway.engines.readings import EngineReading
+from gateway.admission.livestate import ReplicaLive
 
 readings = st.builds(
     EngineReading,

@@ -17,9 +17,9 @@ import httpx
 import uvloop
 
 from gateway.app import create_app
-from gateway.config import AdmissionConfig, GatewayConfig, HealthConfig, ReplicaConfig
-from gateway.httpserver_exchange import DISCONNECT_EXTENSION
-from gateway.serving import free_port
+from gateway.config.schema import AdmissionConfig, GatewayConfig, HealthConfig, ReplicaConfig
+from gateway.http.exchange import DISCONNECT_EXTENSION
+from gateway.http.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b'{"stream": true, "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}'

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import AuthConfig
-from gateway.configtools import ConfigError
-from gateway.policyset import DEFAULT_POLICY, load_policy_set
+from gateway.config.schema import AuthConfig
+from gateway.config.decode import ConfigError
+from gateway.policy.policyset import DEFAULT_POLICY, load_policy_set
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def test_duplicates_and_dangling_tenant_references(tmp_path: Path) -> None:
 def test_auth_references_checked(tmp_path: Path) -> None:
     write(tmp_path, **{"a.yaml": "name: a\nisolation: tenant\n"})
     key = {"tenant": "t", "sha256": hashlib.sha256(b"k").hexdigest()}
-    from gateway.configtools import decode
+    from gateway.config.decode import decode
 
     auth = decode(AuthConfig, {"enabled": True, "keys": [key],
                                "tenants": {"t": {"default_task": "nope", "allowed_tasks": ["nope", "a"]}}})
@@ -123,7 +123,7 @@ def test_check_config_validates_and_prints_policies_with_secrets_masked(tmp_path
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX-only")
 def test_sighup_reloads_policies_in_serve(tmp_path: Path) -> None:
-    from gateway.serving import free_port
+    from gateway.http.serving import free_port
     from gateway.sim.cluster import SimCluster
 
     write(tmp_path, **{"a.yaml": "name: a\n"})

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import ApiKeyConfig, AuthConfig, TenantConfig
-from gateway.policy import tenant_salt
+from gateway.config.schema import ApiKeyConfig, AuthConfig, TenantConfig
+from gateway.policy.stage import tenant_salt
 from gateway.sim.cluster import SimCluster
 from gateway.sim.tokens import render_chat, tokenize
 from tests.gwharness import RunningGateway, running_gateway

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.prefix import PrefixIndex, chain_hashes, prefix_blocks, render, seed_of
-from gateway.protocol import parse_request, prompt_parts
+from gateway.scheduling.prefix import PrefixIndex, chain_hashes, prefix_blocks, render, seed_of
+from gateway.ingress.protocol import parse_request, prompt_parts
 
 BS = 16
 texts = st.text(min_size=0, max_size=300)

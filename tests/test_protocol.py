@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import BadRequest, InvalidJSON
-from gateway.protocol import canonical_json, parse_request, prompt_parts
+from gateway.ingress.protocol import canonical_json, parse_request, prompt_parts
 
 
 def test_chat_request_is_normalised() -> None:

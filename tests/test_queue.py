@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.queue import AdmissionQueue, QueueFull
+from gateway.admission.queue import AdmissionQueue, QueueFull
 
 CLASSES = ("interactive", "standard", "batch")
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import rawbody
-from gateway.config import ReplicaConfig
-from gateway.protocol import parse_request
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.forward import rawbody
+from gateway.config.schema import ReplicaConfig
+from gateway.ingress.protocol import parse_request
+from gateway.http.serving import BackgroundServers, Listener, free_port
 from tests.gwharness import RunningGateway, running_gateway
 from tests.upstreams import Script, scripted_app
 

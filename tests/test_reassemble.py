@@ -6,8 +6,8 @@ import json
 
 import httpx
 
-from gateway.config import ReplicaConfig
-from gateway.reassemble import StreamAssembler
+from gateway.config.schema import ReplicaConfig
+from gateway.forward.reassemble import StreamAssembler
 from gateway.sim.cluster import SimCluster
 from tests.gwharness import running_gateway
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import httpx
 
-from gateway.config import HealthConfig, LimitsConfig, ReplicaConfig
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.config.schema import HealthConfig, LimitsConfig, ReplicaConfig
+from gateway.http.serving import BackgroundServers, Listener, free_port
 from gateway.sim.app import SimReplica
 from gateway.sim.config import SimConfig
 from tests.gwharness import running_gateway

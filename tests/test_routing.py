@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import AdmissionConfig, ReplicaConfig
+from gateway.config.schema import AdmissionConfig, ReplicaConfig
 from gateway.scheduling.config import SchedulingConfig
 from gateway.sim.cluster import SimCluster
 from tests.gwharness import RunningGateway, running_gateway

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from starlette.datastructures import Headers
 
-from gateway.config import GatewayConfig, ReplicaConfig
-from gateway.configtools import ConfigError, decode
-from gateway.context import RequestContext
-from gateway.protocol import parse_request
-from gateway.replicas import Replica
+from gateway.config.schema import GatewayConfig, ReplicaConfig
+from gateway.config.decode import ConfigError, decode
+from gateway.pipeline.context import RequestContext
+from gateway.ingress.protocol import parse_request
+from gateway.replicas.registry import Replica
 from gateway.scheduling.config import SchedulingConfig
 from gateway.scheduling.interfaces import clamp01
 from gateway.scheduling.registry import REGISTRY
@@ -237,7 +237,7 @@ def test_llamacpp_slot_pinning() -> None:
 def test_one_fast_looking_replica_does_not_attract_all_work() -> None:
     """Regression: a measured rate next to defaults (20x apart) made one replica win
     every request while its queue grew without bound; rates are bounded around the median."""
-    from gateway.livestate import LiveState  # the admission stage's published state
+    from gateway.admission.livestate import LiveState  # the admission stage's published state
 
     r, cands = router(), replicas(4)
     cands[0].state = LiveState(prefill_backlog_tokens=100_000, prefill_tokens_per_s=160_000.0)
@@ -247,8 +247,8 @@ def test_one_fast_looking_replica_does_not_attract_all_work() -> None:
 
 
 def test_engine_state_is_read_through_the_adapter() -> None:
-    from gateway.livestate import LiveState
-    from gateway.scheduling.state import engine_view
+    from gateway.admission.livestate import LiveState
+    from gateway.scheduling.engine_view import engine_view
 
     [rep] = replicas(1)
     rep.state = LiveState(capacity_tokens=1000, used_tokens=300, leased_tokens=500, prefill_backlog_tokens=70,
@@ -270,8 +270,8 @@ _OPT_INT = st.none() | st.integers(min_value=-5, max_value=10**9)
 def test_engine_view_fast_path_equals_the_generic_adapter(cap: int | None, used: int | None, leased: int,
                                                            backlog: int, waiting: int | None, rate: float,
                                                            config_cap: int | None) -> None:
-    from gateway.livestate import LiveState
-    from gateway.scheduling.state import capacity_tokens, engine_view, generic_view
+    from gateway.admission.livestate import LiveState
+    from gateway.scheduling.engine_view import capacity_tokens, engine_view, generic_view
 
     replica = Replica(ReplicaConfig(url="http://127.0.0.1:1", capacity_tokens=config_cap))
     replica.state = LiveState(capacity_tokens=cap, used_tokens=used, leased_tokens=leased,
@@ -307,8 +307,8 @@ def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
 def test_admission_reserves_prefill_only_for_what_the_index_expects_uncached(n: int) -> None:
     """`rank` tells admission (`ctx.cached_tokens`) how much of the prompt the
     chosen replica's prefix index holds; the prefill claim is the rest."""
-    from gateway.config import AdmissionConfig
-    from gateway.demand import DemandEstimator
+    from gateway.config.schema import AdmissionConfig
+    from gateway.admission.demand import DemandEstimator
 
     rt = router("default")
     assert isinstance(rt, SchedulingRouter)

@@ -6,7 +6,7 @@ import asyncio
 import socket
 from typing import Any
 
-from gateway.serving import BackgroundServers, Listener, _HeadWithBody, free_port
+from gateway.http.serving import BackgroundServers, Listener, _HeadWithBody, free_port
 
 
 class _Recorder:

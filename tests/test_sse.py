@@ -5,7 +5,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import SSERelay, usage_from_body
+from gateway.forward.sse import SSERelay, usage_from_body
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE_ONLY = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import ReplicaConfig, TokensConfig, UpstreamConfig
-from gateway.estimate import estimate_text
-from gateway.protocol import parse_request
-from gateway.replicas import Replica
+from gateway.config.schema import ReplicaConfig, TokensConfig, UpstreamConfig
+from gateway.policy.estimate import estimate_text
+from gateway.ingress.protocol import parse_request
+from gateway.replicas.registry import Replica
 from gateway.sim.cluster import SimCluster
 from gateway.sim.tokens import count_tokens, render_chat, tokenize
-from gateway.tokens import LRU, EngineCounter, TokenCount, estimate_request
-from gateway.upstream import UpstreamClient
+from gateway.policy.tokens import LRU, EngineCounter, TokenCount, estimate_request
+from gateway.forward.upstream import UpstreamClient
 
 ENGLISH = "The quick brown fox jumps over the lazy dog while the engineers measure latency."
 SPANISH = "La pasarela cuenta los tokens de entrada, reserva el peor caso y sólo deja pasar lo que cabe."

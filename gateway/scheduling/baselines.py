@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from gateway.scheduling.hashing import bounded_load_choice
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
-    from gateway.replicas import Replica
+    from gateway.pipeline.context import RequestContext
+    from gateway.replicas.registry import Replica
 
 
 def _least_load(candidates: list[Replica]) -> list[Replica]:

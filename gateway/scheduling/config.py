@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.configtools import ConfigError, decode
+from gateway.config.decode import ConfigError, decode
 from gateway.scheduling.defaults import BUILTIN_PLUGINS, BUILTIN_PROFILES, DEFAULT_PROFILE
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.specs import PluginSpec, ProfileSpec

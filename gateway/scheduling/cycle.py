@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.prefix import PrefixBlocks
-from gateway.scheduling.state import EngineView
+from gateway.scheduling.prefix import PrefixBlocks
+from gateway.scheduling.engine_view import EngineView
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
-    from gateway.replicas import Replica
+    from gateway.pipeline.context import RequestContext
+    from gateway.replicas.registry import Replica
 
 
 def tokens_per_block(prompt_tokens: int, blocks: PrefixBlocks) -> float:
@@ -46,7 +46,7 @@ class Load:
 
 @dataclass(slots=True)
 class Cycle:
-    ctx: "RequestContext"  # quoted: see gateway/context.py
+    ctx: "RequestContext"  # quoted: see gateway/pipeline/context.py
     blocks: PrefixBlocks
     prompt_tokens: int
     loads: dict[str, Load]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from gateway.scheduling.interfaces import AdmitCheck, Services
 
 if TYPE_CHECKING:
-    from gateway.replicas import Replica
+    from gateway.replicas.registry import Replica
     from gateway.scheduling.cycle import Cycle
 
 HEALTHY = "healthy"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 if TYPE_CHECKING:
-    from gateway.replicas import Replica
+    from gateway.replicas.registry import Replica
 
 
 def rendezvous_weight(key: str, name: str) -> int:

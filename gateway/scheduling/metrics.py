@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from gateway.fastmetrics import Cell, LockFreeCounter
-from gateway.metrics import Children
+from gateway.observability.cells import Cell, LockFreeCounter
+from gateway.observability.metrics import Children
 
 _BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1)
 

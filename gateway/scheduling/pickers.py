@@ -14,7 +14,7 @@ from gateway.scheduling.hashing import rendezvous_weight
 from gateway.scheduling.interfaces import Services
 
 if TYPE_CHECKING:
-    from gateway.replicas import Replica
+    from gateway.replicas.registry import Replica
     from gateway.scheduling.cycle import Cycle
 
 MAX_SCORE = "max-score"

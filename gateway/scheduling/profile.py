@@ -16,7 +16,7 @@ from gateway.scheduling.metrics import SchedulingMetrics
 if TYPE_CHECKING:
     from prometheus_client import Histogram
 
-    from gateway.replicas import Replica
+    from gateway.replicas.registry import Replica
     from gateway.scheduling.cycle import Cycle
 
 

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.configtools import decode, to_plain
-from gateway.context import RequestContext
-from gateway.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
-from gateway.protocol import prompt_parts
+from gateway.config.decode import decode, to_plain
+from gateway.pipeline.context import RequestContext
+from gateway.scheduling.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
+from gateway.ingress.protocol import prompt_parts
 from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
 from gateway.scheduling.config import SchedulingConfig
 from gateway.scheduling.cycle import Cycle, Load, Threshold, find_hot, indexed_tokens
@@ -30,13 +30,13 @@ from gateway.scheduling.metrics import SchedulingMetrics
 from gateway.scheduling.profile import Profile, WeightedScorer, named
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.slots import SlotPinner
-from gateway.scheduling.state import capacity_tokens, engine_view
+from gateway.scheduling.engine_view import capacity_tokens, engine_view
 from gateway.scheduling.tracker import Routed, Tracker
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from gateway.replicas import Replica
+    from gateway.replicas.registry import Replica
 
 log = logging.getLogger("gateway.scheduling")
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from gateway.scheduling.state import engine_view
+from gateway.scheduling.engine_view import engine_view
 from gateway.scheduling.tracker import Tracker
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
-    from gateway.replicas import Replica
+    from gateway.pipeline.context import RequestContext
+    from gateway.replicas.registry import Replica
 
 _MARK = "id_slot_by_gateway"
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
+    from gateway.pipeline.context import RequestContext
 
 
 @dataclass(slots=True, eq=False)
 class Routed:
-    ctx: "RequestContext"  # quoted: see gateway/context.py
+    ctx: "RequestContext"  # quoted: see gateway/pipeline/context.py
     replica: str
     kv_tokens: int
     uncached_tokens: int

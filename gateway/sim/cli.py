@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from gateway.serving import Listener, serve_all
+from gateway.http.serving import Listener, serve_all
 from gateway.sim.app import create_sim_app
 from gateway.sim.config import SimConfig
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.http.serving import BackgroundServers, Listener, free_port
 from gateway.sim.app import SimReplica
 from gateway.sim.config import SimConfig
 

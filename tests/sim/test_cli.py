@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.serving import free_port
+from gateway.http.serving import free_port
 from gateway.sim.cli import add_sim_arguments, config_from_args, run_sim
 
 ROOT = Path(__file__).resolve().parents[2]

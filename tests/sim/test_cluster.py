@@ -9,7 +9,7 @@ import time
 import httpx
 from starlette.applications import Starlette
 
-from gateway.serving import BackgroundServers, Listener, free_port
+from gateway.http.serving import BackgroundServers, Listener, free_port
 from gateway.sim import SimCluster, SimConfig, create_sim_app
 from tests.sim.helpers import TIMEOUT, chat
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 from gateway.scheduling.interfaces import Services, ratio_to_best
 
 if TYPE_CHECKING:
-    from gateway.replicas import Replica
+    from gateway.replicas.registry import Replica
     from gateway.scheduling.cycle import Cycle
 
 TYPE = "queue-depth"

@@ -1,0 +1,222 @@
+"""Forward: one upstream exchange, relayed to the client.
+
+Streaming responses are relayed event by event as they arrive (never
+re-buffered) with `Cache-Control: no-cache` and `X-Accel-Buffering: no`;
+non-streaming bodies pass through byte for byte. `usage` is captured for
+accounting in both cases. Timeouts: connect, first byte (streaming: until
+the first body chunk; a long prefill needs a long bound), and the idle gap
+between chunks; the overall deadline is enforced by the pipeline around
+this call. Leaving this function by any path (error, cancellation) closes
+the upstream connection unless the body was fully read: that is the abort
+primitive for both vLLM and llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, TypeVar
+
+from gateway.forward import rawbody
+from gateway.config.schema import GatewayConfig
+from gateway.pipeline.context import RequestContext
+from gateway.deadlines.deadline import upstream_deadline_header
+from gateway.engines import adapter_for
+from gateway.errors import UpstreamNeverReached, UpstreamTimeout
+from gateway.forward.reassemble import StreamAssembler
+from gateway.replicas.registry import Replica
+from gateway.deadlines.timer import phase
+from gateway.forward.sse import SSERelay, usage_from_body
+from gateway.forward.upstream import UpstreamClient, UpstreamResponse
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+T = TypeVar("T")
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+FORWARDED_CLIENT_HEADERS = ("accept", "user-agent", "traceparent", "tracestate", "baggage")
+SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+def _stream_upstream(replica: Replica, engine_default: bool) -> bool:
+    mode = replica.config.upstream_streaming
+    return engine_default if mode == "auto" else mode == "always"
+
+
+async def _timed(ctx: RequestContext, aw: Awaitable[T], seconds: float, what: str) -> T:
+    """`aw` bounded by `seconds` on the request's one timer (`gateway.reqtimer`);
+    its own timer when the request has none (a forward outside the pipeline)."""
+    timer = ctx.deadline_timer
+    try:
+        if timer is not None:
+            return await phase(timer, aw, seconds, what)
+        async with asyncio.timeout(seconds):
+            return await aw
+    except TimeoutError:
+        raise UpstreamTimeout(f"The engine sent no {what} within {seconds:g} s.") from None
+
+
+class Forwarder:
+    def __init__(self, cfg: GatewayConfig, client: UpstreamClient) -> None:
+        self._cfg = cfg
+        self._client = client
+
+    def upstream_headers(self, ctx: RequestContext, replica: Replica) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
+                   "X-Request-Id": ctx.request_id}
+        if ctx.deadline is not None:
+            headers["X-Request-Deadline"] = upstream_deadline_header(ctx)
+        for name in FORWARDED_CLIENT_HEADERS:
+            value = ctx.headers.get(name)
+            if value is not None:
+                headers[name] = value
+        headers.update(ctx.upstream_headers)
+        headers.update(replica.auth_headers())
+        return headers
+
+    def upstream_body(self, ctx: RequestContext, upstream_stream: bool = False) -> tuple[bytes, bool]:
+        """The body to send, and whether the gateway added `include_usage` itself."""
+        req = ctx.request
+        assert req is not None
+        body = req.body
+        injected = False
+        if upstream_stream and not req.stream:
+            body = {**body, "stream": True}
+        if (req.stream or upstream_stream) and not req.client_wants_usage:
+            body = dict(body)
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            injected = True
+        if ctx.output_limit is not None:
+            body = dict(body)
+            adapter_for(ctx.replica.kind if ctx.replica else "unknown").set_output_limit(body, ctx.output_limit)
+        data = rawbody.spliced(req.raw, req.original, body)
+        return (rawbody.encode(body) if data is None else data), injected
+
+    async def forward(self, ctx: RequestContext, replica: Replica, send: Send) -> None:
+        req = ctx.request
+        assert req is not None
+        adapter = adapter_for(replica.kind)
+        reassemble = not req.stream and _stream_upstream(replica, adapter.stream_upstream)
+        upstream_stream = req.stream or reassemble
+        data, injected = self.upstream_body(ctx, upstream_stream)
+        url = replica.url + PATHS[req.endpoint]
+        timeouts = ctx.timeouts or self._cfg.timeouts
+        ctx.stage = "waiting_first_byte"
+        ctx.notes["upstream_sent_at"] = time.monotonic()
+        reuse = adapter.reuse_after_stream or not upstream_stream
+        cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
+        head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
+        # Entered by hand so the head timeout bounds only the entry (a failed or
+        # cancelled entry frees its connection itself).
+        resp = await _timed(ctx, cm.__aenter__(), head_timeout, "response headers")
+        # The exit is awaited outside the handler: the compiled build must not
+        # `await` inside an exception handler (setup.py).
+        failure: BaseException | None = None
+        try:
+            ctx.upstream_status = resp.status
+            if resp.status != 200:
+                await self._raise_engine_error(ctx, replica, resp)
+            if reassemble:
+                await self._reassemble(ctx, replica, resp, send)
+            elif req.stream:
+                await self._relay_stream(ctx, resp, send, injected)
+            else:
+                await self._relay_body(ctx, resp, send)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the exit
+            failure = exc
+        if failure is None:
+            await cm.__aexit__(None, None, None)
+            return
+        await cm.__aexit__(type(failure), failure, failure.__traceback__)
+        try:
+            raise failure
+        finally:
+            del failure  # else this frame and the exception's traceback form a cycle
+
+    async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
+        raw = await _timed(ctx, resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")
+        err = adapter_for(replica.kind).normalize_error(resp.status, raw)
+        if resp.status == 503:
+            # The engine refused before starting (busy, loading): provably not started.
+            retry = UpstreamNeverReached(err.message, status=503, code=err.code or "engine_unavailable")
+            retry.type = err.type
+            raise retry
+        raise err
+
+    def _start_message(self, ctx: RequestContext, content_type: str, extra: list[tuple[bytes, bytes]],
+                       length: int | None = None) -> dict[str, Any]:
+        headers = [(b"content-type", content_type.encode("latin-1")), *extra]
+        if length is not None:
+            headers.append((b"content-length", b"%d" % length))
+        headers += self.response_headers(ctx)
+        return {"type": "http.response.start", "status": 200, "headers": headers}
+
+    def response_headers(self, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+        """The gateway's own response headers (request id, queue and overhead
+        times, what the stages added to `ctx.response_headers`)."""
+        headers = [(b"x-request-id", ctx.request_id.encode("latin-1"))]
+        if self._cfg.expose_replica_header and ctx.replica is not None:
+            headers.append((b"x-gateway-replica", ctx.replica.name.encode("latin-1")))
+        queue_ms = ctx.queue_seconds * 1000
+        sent_at = ctx.notes.get("upstream_sent_at")
+        if sent_at is None:
+            sent_at = time.monotonic()
+        overhead_ms = max(0.0, (sent_at - ctx.received_at) * 1000 - queue_ms)
+        headers.append((b"x-gateway-queue-ms", b"%.1f" % queue_ms))
+        headers.append((b"x-gateway-overhead-ms", b"%.2f" % overhead_ms))
+        for name, value in ctx.response_headers.items():
+            headers.append((name.encode("latin-1"), value.encode("latin-1")))
+        return headers
+
+    async def _relay_stream(self, ctx: RequestContext, resp: UpstreamResponse, send: Send, injected: bool) -> None:
+        timeouts = ctx.timeouts or self._cfg.timeouts
+        relay = SSERelay(drop_usage_only_chunk=injected)
+        chunk = await _timed(ctx, resp.read_chunk(), timeouts.first_byte_s, "first token")
+        ctx.mark_first_byte(time.monotonic())
+        await send(self._start_message(ctx, resp.content_type, SSE_HEADERS))
+        ctx.response_started = True
+        ctx.stage = "streaming"
+        try:
+            while chunk:
+                out = relay.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
+            tail = relay.flush()
+        finally:
+            ctx.usage = relay.usage
+            ctx.notes["sse_error"] = relay.error
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _reassemble(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse, send: Send) -> None:
+        """Non-streaming answer rebuilt from an upstream stream (see gateway.reassemble)."""
+        timeouts = ctx.timeouts or self._cfg.timeouts
+        assert ctx.request is not None
+        assembler = StreamAssembler(ctx.request.endpoint)
+        chunk = await _timed(ctx, resp.read_chunk(), timeouts.first_byte_s, "first token")
+        ctx.mark_first_byte(time.monotonic())
+        ctx.stage = "streaming"
+        while chunk:
+            assembler.feed(chunk)
+            chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
+        ctx.usage = assembler.usage
+        if assembler.error is not None:
+            body = json.dumps({"error": assembler.error}).encode()
+            status = assembler.error.get("code")
+            raise adapter_for(replica.kind).normalize_error(status if isinstance(status, int) else 500, body)
+        body = json.dumps(assembler.body(), ensure_ascii=False, separators=(",", ":")).encode()
+        await send(self._start_message(ctx, "application/json", [], len(body)))
+        ctx.response_started = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _relay_body(self, ctx: RequestContext, resp: UpstreamResponse, send: Send) -> None:
+        body = resp.complete_body()  # a small body often arrives with the head
+        if body is None:
+            body = await _timed(ctx, resp.read_all(1 << 30), (ctx.timeouts or self._cfg.timeouts).idle_s,
+                                "body (idle gap)")
+        ctx.mark_first_byte(time.monotonic(), run_hooks=False)
+        ctx.usage = usage_from_body(body)
+        await send(self._start_message(ctx, resp.content_type, [], len(body)))
+        ctx.response_started = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})

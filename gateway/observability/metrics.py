@@ -1,0 +1,78 @@
+"""Prometheus metrics of one gateway instance (served on the admin listener).
+
+Labels stay low-cardinality: task, outcome, replica, stage. Never request ids.
+Each app has its own registry (no globals), so tests can run several gateways
+in one process.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Protocol, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+
+from gateway import __version__, buildinfo
+from gateway.observability.cells import LockFreeCounter, LockFreeGauge, LockFreeHistogram
+
+M_co = TypeVar("M_co", covariant=True)
+
+
+class _Labelled(Protocol[M_co]):
+    def labels(self, *values: str) -> M_co: ...
+
+
+class Children(Generic[M_co]):
+    """A labelled metric's children cached by label values.
+
+    `metric.labels(...)` validates and stringifies on every call (~3 µs);
+    the hot path asks for the same few children per request. Label values
+    here are low-cardinality by construction (task, outcome, stage,
+    replica), so the cache stays as small as prometheus' own."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: _Labelled[M_co]) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], M_co] = {}
+
+    def __call__(self, *values: str) -> M_co:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = LockFreeCounter("gateway_requests", "Requests finished, by task and outcome.",
+                                ["task", "outcome"], registry=r)
+        self.duration = LockFreeHistogram("gateway_request_duration_seconds",
+                                  "Time from receipt to last byte, by task and outcome.",
+                                  ["task", "outcome"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttfb = LockFreeHistogram("gateway_time_to_first_byte_seconds",
+                              "Time from receipt to the first response byte sent to the client.",
+                              ["task"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_attempts = LockFreeCounter("gateway_upstream_attempts", "Upstream attempts by replica and result.",
+                                         ["replica", "result"], registry=r)
+        self.cancellations = Counter("gateway_cancellations", "Requests whose client went away, by stage.",
+                                     ["stage"], registry=r)
+        self.in_flight = LockFreeGauge("gateway_in_flight_requests", "Requests being processed.", registry=r)
+        self.admitted = LockFreeCounter("gateway_requests_admitted",
+                                "Requests that entered the pipeline; equals the sum of gateway_requests_total "
+                                "(finished + cancelled + failed) once they settle.", registry=r)
+        self.deadline_exceeded = Counter("gateway_deadline_exceeded", "Requests stopped by their deadline, by stage.",
+                                         ["stage"], registry=r)
+        self.requests_by = Children(self.requests)
+        self.duration_by = Children(self.duration)
+        self.ttfb_by = Children(self.ttfb)
+        self.attempts_by = Children(self.upstream_attempts)
+        Info("gateway_build", "The running gateway: version, and whether its request path is compiled.",
+             registry=r).info({"version": __version__, "compiled": "true" if buildinfo.compiled() else "false"})
+        self.replica_healthy = Gauge("gateway_replica_healthy", "1 when the replica passes health checks.",
+                                     ["replica"], registry=r)
+        self.replica_in_flight = Gauge("gateway_replica_in_flight", "Requests forwarded to the replica.",
+                                       ["replica"], registry=r)

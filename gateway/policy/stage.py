@@ -1,0 +1,261 @@
+"""The policy stage: resolve the task of a request and enforce its contract.
+
+Task resolution: the `X-Task` header (unknown → 400 listing the known
+tasks), else the requested model when it is a policy's alias (the real
+model name is forwarded), else the tenant's default task, else the default
+policy. Then, before any engine work: the tenant's allowed tasks (403),
+cache isolation, the input count (`tokens:` mode), the
+input limit, the output limit (default injected; clamp or reject), and the
+context check against the largest `max_model_len` among healthy replicas
+serving the model (skipped while unknown). The policy's `deadline` and
+`timeouts` are applied next by `gateway.deadlines.resolve` (it reads
+`ctx.policy`).
+
+The active policy set is one immutable object swapped by `reload()`; a
+request reads it once, so a reload never mixes two sets in one request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.config.schema import GatewayConfig, TenantConfig
+from gateway.config.decode import ConfigError
+from gateway.pipeline.context import RequestContext
+from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
+from gateway.observability.cells import LockFreeCounter
+from gateway.observability.metrics import Children
+from gateway.policy.policyset import Policy, PolicySet, load_policy_set
+from gateway.ingress.protocol import ParsedRequest
+from gateway.replicas.registry import Replica, ReplicaRegistry
+from gateway.policy.tokens import (
+    LRU,
+    EngineCounter,
+    EstimateCounter,
+    LocalTokenizerCounter,
+    TokenCount,
+    TokenCounter,
+)
+from gateway.forward.upstream import UpstreamClient
+
+log = logging.getLogger("gateway.policy.stage")
+
+FALLBACK_OUTPUT_TOKENS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ActivePolicies:
+    policies: PolicySet
+    counters: Mapping[str, TokenCounter]
+
+
+class PolicyMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        r = registry or CollectorRegistry()
+        self.token_counts = LockFreeCounter("gateway_token_counts", "Prompt token counts by source "
+                                    "(estimate, engine, cache, fallback, tokenizer).", ["source"], registry=r)
+        self.reloads = Counter("gateway_policy_reloads", "Policy reloads by result (ok, refused).",
+                               ["result"], registry=r)
+        self.output_clamped = Counter("gateway_output_clamped", "Requests whose output limit was clamped.",
+                                      ["task"], registry=r)
+        self.token_counts_by = Children(self.token_counts)
+
+
+def build_counters(policies: PolicySet, engine: EngineCounter | None,
+                   parts: LRU | None = None) -> dict[str, TokenCounter]:
+    counters: dict[str, TokenCounter] = {}
+    estimate = EstimateCounter(parts)
+    problems: list[str] = []
+    for p in policies.policies:
+        if p.tokens == "engine" and engine is not None:
+            counters[p.name] = engine
+        elif p.tokens == "tokenizer" and p.tokenizer:
+            try:
+                counters[p.name] = LocalTokenizerCounter(p.tokenizer)
+            except (ImportError, OSError, ValueError) as exc:
+                problems.append(f"{policies.sources.get(p.name, p.name)}: tokenizer: {exc}")
+        else:
+            counters[p.name] = estimate
+    if problems:
+        raise ConfigError(problems)
+    return counters
+
+
+def check_policies(cfg: GatewayConfig) -> PolicySet:
+    """Validate the policies a config refers to (raises ConfigError)."""
+    policies = load_policy_set(cfg.policies, cfg.auth)
+    build_counters(policies, None)
+    return policies
+
+
+class PolicyStage:
+    def __init__(self, cfg: GatewayConfig, registry: ReplicaRegistry, client: UpstreamClient,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
+        self._cfg = cfg
+        self._registry = registry
+        self._parts = LRU(max(65536, cfg.tokens.cache_entries))  # ~150 B per part
+        self._engine = EngineCounter(client, cfg.tokens, self._parts)
+        self.metrics = PolicyMetrics(metrics_registry)
+        self._active = self._load()
+
+    @property
+    def policies(self) -> PolicySet:
+        return self._active.policies
+
+    def _load(self) -> ActivePolicies:
+        policies = load_policy_set(self._cfg.policies, self._cfg.auth)
+        return ActivePolicies(policies, build_counters(policies, self._engine, self._parts))
+
+    def reload(self) -> PolicySet:
+        """Load the policy directory again; on any error keep the current set and raise ConfigError."""
+        try:
+            active = self._load()
+        except ConfigError as exc:
+            self.metrics.reloads.labels("refused").inc()
+            log.error("policy reload refused, keeping the current set:\n  %s", "\n  ".join(exc.problems))
+            raise
+        self._active = active
+        self.metrics.reloads.labels("ok").inc()
+        log.info("policies reloaded: %s", ", ".join(p.name for p in active.policies.policies))
+        return active.policies
+
+    def apply(self, ctx: RequestContext) -> Awaitable[None] | None:
+        """Resolve the task and enforce its limits. Returns None when done, or an
+        awaitable to finish with when counting the prompt needs an engine round
+        trip (most counts do not: an estimate, a cached count; a coroutine
+        would cost every request)."""
+        active = self._active
+        req = ctx.request
+        assert req is not None
+        tenant = self._cfg.auth.tenants.get(ctx.tenant) if ctx.tenant is not None else None
+        policy = resolve(active.policies, ctx, req, tenant)
+        ctx.policy, ctx.task, ctx.priority = policy, policy.name, policy.priority
+        ctx.response_headers["x-gateway-task"] = policy.name
+        alias = active.policies.by_alias.get(req.model or "")
+        if alias is not None and alias.model:
+            ctx.notes["model_alias"] = req.model
+            req.set_model(alias.model)
+        if policy.isolation == "tenant":
+            _isolate(req, ctx.tenant, self._cfg.auth.isolation_secret)
+        replicas = serving_replicas(self._registry, req.model)
+        counted = active.counters[policy.name].count_now(req, replicas)
+        if not isinstance(counted, TokenCount):
+            return self._limit_when_counted(ctx, req, policy, replicas, counted)
+        self._limit(ctx, req, policy, replicas, counted)
+        return None
+
+    async def _limit_when_counted(self, ctx: RequestContext, req: ParsedRequest, policy: Policy,
+                                  replicas: list[Replica], counting: Awaitable[TokenCount]) -> None:
+        self._limit(ctx, req, policy, replicas, await counting)
+
+    def _limit(self, ctx: RequestContext, req: ParsedRequest, policy: Policy, replicas: list[Replica],
+               counted: TokenCount) -> None:
+        self.metrics.token_counts_by(counted.source).inc()
+        ctx.prompt_tokens = counted.tokens
+        ctx.notes["prompt_tokens_source"] = counted.source
+        ctx.response_headers["x-gateway-input-tokens"] = str(counted.tokens)
+        _check_input(ctx, req, policy)
+        output = _output_limit(ctx, req, policy, _max_model_len(replicas))
+        if "x-gateway-output-clamped-from" in ctx.response_headers:
+            self.metrics.output_clamped.labels(policy.name).inc()
+        ctx.output_limit = output
+        ctx.notes["required_context"] = counted.tokens + output
+        ctx.response_headers["x-gateway-output-limit"] = str(output)
+
+
+def resolve(policies: PolicySet, ctx: RequestContext, req: ParsedRequest,
+            tenant: TenantConfig | None) -> Policy:
+    header = (ctx.headers.get("x-task") or "").strip()
+    if header:
+        policy = policies.by_task.get(header)
+        if policy is None:
+            raise UnknownTask(f"Unknown task {header[:64]!r} in the X-Task header. "
+                              f"Known tasks: {', '.join(policies.known_tasks)}.", param="X-Task")
+    elif req.model in policies.by_alias:
+        policy = policies.by_alias[req.model or ""]
+    elif tenant is not None and tenant.default_task:
+        policy = policies.get(tenant.default_task) or policies.default
+    else:
+        policy = policies.default
+    if tenant is not None and tenant.allowed_tasks and policy.name not in tenant.allowed_tasks:
+        raise Forbidden(f"Task '{policy.name}' is not allowed for this API key. "
+                        f"Allowed tasks: {', '.join(tenant.allowed_tasks)}.", param="X-Task")
+    return policy
+
+
+def serving_replicas(registry: ReplicaRegistry, model: str | None) -> list[Replica]:
+    """Healthy replicas that list `model` (all healthy ones if none lists it)."""
+    healthy = registry.healthy()
+    if model:
+        serving = [r for r in healthy if any(m.get("id") == model for m in r.models)]
+        if serving:
+            return serving
+    return healthy
+
+
+def _max_model_len(replicas: list[Replica]) -> int | None:
+    lens = [r.max_model_len for r in replicas if r.max_model_len]
+    return max(lens) if lens else None
+
+
+def tenant_salt(secret: str, tenant: str | None) -> str:
+    mac = hmac.new(secret.encode(), b"cache_salt\x00" + (tenant or "").encode(), hashlib.sha256)
+    return mac.hexdigest()[:32]
+
+
+def _isolate(req: ParsedRequest, tenant: str | None, secret: str) -> None:
+    """Replace any client salt by the tenant's; without auth (one tenant) just drop it."""
+    req.body.pop("cache_salt", None)
+    if tenant is not None and secret:
+        req.body["cache_salt"] = tenant_salt(secret, tenant)
+
+
+def _input_param(req: ParsedRequest) -> str:
+    return "messages" if req.endpoint == "chat" else "prompt"
+
+
+def _check_input(ctx: RequestContext, req: ParsedRequest, policy: Policy) -> None:
+    limit, tokens = policy.limits.max_input_tokens, ctx.prompt_tokens or 0
+    if limit is not None and tokens > limit:
+        raise ContextLengthExceeded(
+            f"The input of this request is {tokens} tokens, over the {limit}-token input limit of "
+            f"task '{policy.name}'. Please reduce the length of the {_input_param(req)}.",
+            param=_input_param(req))
+
+
+def _output_limit(ctx: RequestContext, req: ParsedRequest, policy: Policy, max_model_len: int | None) -> int:
+    lim, prompt = policy.limits, ctx.prompt_tokens or 0
+    requested, param = req.requested_output, req.output_field or "max_tokens"
+    injected = requested is None
+    if requested is None:
+        fits = max_model_len - prompt if max_model_len is not None else None
+        output = lim.default_output_tokens or lim.max_output_tokens or fits or FALLBACK_OUTPUT_TOKENS
+    elif lim.max_output_tokens is not None and requested > lim.max_output_tokens:
+        if lim.on_excess == "reject":
+            raise BadRequest(f"'{param}' is {requested}, over the {lim.max_output_tokens}-token output limit of "
+                             f"task '{policy.name}'.", param=param, code="output_limit_exceeded",
+                             reason="output_limit_exceeded")
+        output = lim.max_output_tokens
+        ctx.response_headers["x-gateway-output-clamped-from"] = str(requested)
+    else:
+        output = requested
+    if max_model_len is None:
+        return output
+    if prompt >= max_model_len:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"{_input_param(req)} resulted in {prompt} input tokens.", param=_input_param(req))
+    if prompt + output > max_model_len:
+        if injected:
+            return max_model_len - prompt
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt + output} tokens ({prompt} in the {_input_param(req)}, {output} in the completion). "
+            f"Please reduce the length of the {_input_param(req)} or the completion.", param=param)
+    return output

@@ -1,0 +1,241 @@
+"""Token counting for policies: `estimate`, `engine`, `tokenizer`.
+
+`estimate_text` is deliberately conservative. The text is cut like a BPE
+pre-tokenizer would (letter runs split at case changes, digits, symbols,
+whitespace) and each piece is charged at least what common BPE vocabularies
+spend on it: a Latin letter run ceil(len / 4) tokens plus one per non-ASCII
+letter, other scripts one token per character, every digit and symbol one
+token, whitespace runs ceil(len / 4) (a single space before a word is free).
+The chat template costs `MESSAGE_OVERHEAD` per message plus `BASE_OVERHEAD`
+(plus `TOOLS_OVERHEAD` when tools are sent). Measured margins against real
+tokenizers are in docs/policies.md (bench/estimator_margin.py).
+
+`EngineCounter` asks a replica: vLLM `POST /tokenize` with the messages
+(`add_generation_prompt: true`) or the prompt → `count`; llama.cpp
+`POST /apply-template` then `POST /tokenize {"content"}` → `len(tokens)`.
+Results are cached by prompt hash (bounded LRU); on any failure or timeout
+the estimate is used instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import xxhash
+
+from gateway.config.schema import TokensConfig
+from gateway.errors import GatewayError
+from gateway.policy.estimate import BASE_OVERHEAD, MESSAGE_OVERHEAD, TOOLS_OVERHEAD, estimate_text
+from gateway.ingress.protocol import ParsedRequest, prompt_parts
+from gateway.replicas.registry import Replica
+from gateway.forward.upstream import UpstreamClient
+
+log = logging.getLogger("gateway.policy.tokens")
+
+_HASHED_PART_MIN_CHARS = 48  # shorter parts (role markers, short turns) are their own cache key
+
+
+def estimate_request(req: ParsedRequest, cache: LRU | None = None) -> int:
+    """Conservative prompt tokens after the chat template would apply.
+
+    With `cache`, the estimate of each part (a message, the tools) is
+    remembered by its hash (a short part: by itself): an agent re-sending its
+    whole history only pays for the new turns."""
+    parts = prompt_parts(req)
+    if cache is None:
+        total = sum(estimate_text(part) for part in parts)
+    else:
+        total = _cached_estimate(parts, cache)
+    return max(1, total + template_overhead(req))
+
+
+def _cached_estimate(parts: list[str], cache: LRU) -> int:
+    # The LRU's dict is used directly: an agent request has ~750 parts.
+    data = cache._data
+    digest = xxhash.xxh3_128_intdigest
+    total = 0
+    for part in parts:
+        # A short part is its own key; a long one its 128-bit hash (an int: never equal to a str).
+        key: str | int = part if len(part) < _HASHED_PART_MIN_CHARS else digest(part.encode("utf-8", "surrogatepass"))
+        cost = data.get(key)
+        if cost is None:
+            cost = estimate_text(part)
+            cache.put(key, cost)
+        else:
+            data.move_to_end(key)
+        total += cost
+    return total
+
+
+def template_overhead(req: ParsedRequest) -> int:
+    """Tokens the chat template adds around the text (conservative)."""
+    if req.endpoint != "chat":
+        return 1  # BOS
+    overhead = BASE_OVERHEAD + MESSAGE_OVERHEAD * len(req.body.get("messages") or ())
+    return overhead + (TOOLS_OVERHEAD if req.body.get("tools") else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCount:
+    tokens: int
+    source: str  # estimate | engine | cache | fallback | tokenizer
+
+
+class TokenCounter(Protocol):
+    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount: ...
+
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount | Awaitable[TokenCount]:
+        """The count, when it needs no round trip (an estimate, a cached count);
+        else an awaitable that gets it (a coroutine per request would cost
+        every request, and most need none)."""
+        ...
+
+
+class EstimateCounter:
+    def __init__(self, cache: LRU | None = None) -> None:
+        self._cache = cache
+
+    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        return self.count_now(req, replicas)
+
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        return TokenCount(estimate_request(req, self._cache), "estimate")
+
+
+def prompt_key(req: ParsedRequest) -> str:
+    body = req.body
+    canon = {k: body.get(k) for k in ("model", "messages", "prompt", "tools", "chat_template_kwargs")}
+    data = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return xxhash.xxh3_128_hexdigest(data.encode())
+
+
+class LRU:
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._data: OrderedDict[str | int, int] = OrderedDict()
+
+    def get(self, key: str | int) -> int | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: str | int, value: int) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self._size:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class EngineCounter:
+    """Counts with a healthy replica's own tokenizer and chat template."""
+
+    def __init__(self, client: UpstreamClient, cfg: TokensConfig, parts: LRU | None = None) -> None:
+        self._client = client
+        self._timeout = cfg.engine_timeout_s
+        self.cache = LRU(cfg.cache_entries)
+        self._parts = parts
+
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount | Awaitable[TokenCount]:
+        key = prompt_key(req)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return TokenCount(cached, "cache")
+        replica = next((r for r in replicas if r.kind in ("vllm", "llamacpp")), None)
+        if replica is None:
+            return TokenCount(estimate_request(req, self._parts), "fallback")
+        return self._count_remote(req, key, replica)
+
+    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        counted = self.count_now(req, replicas)
+        return counted if isinstance(counted, TokenCount) else await counted
+
+    async def _count_remote(self, req: ParsedRequest, key: str, replica: Replica) -> TokenCount:
+        try:
+            tokens = await self._ask(replica, req)
+        except (GatewayError, ValueError, KeyError, TypeError) as exc:
+            log.warning("tokenize on %s failed, using the estimate: %s", replica.name, exc)
+            return TokenCount(estimate_request(req, self._parts), "fallback")
+        self.cache.put(key, tokens)
+        return TokenCount(tokens, "engine")
+
+    async def _ask(self, replica: Replica, req: ParsedRequest) -> int:
+        if replica.kind == "vllm":
+            return await self._vllm(replica, req)
+        return await self._llamacpp(replica, req)
+
+    async def _post(self, replica: Replica, path: str, payload: dict[str, Any]) -> Any:
+        data = json.dumps(payload, ensure_ascii=False).encode()
+        resp = await self._client.post_json_small(replica.url + path, data, self._timeout, replica.auth_headers())
+        if resp.status != 200:
+            raise ValueError(f"{path} answered HTTP {resp.status}")
+        return json.loads(resp.body)
+
+    async def _vllm(self, replica: Replica, req: ParsedRequest) -> int:
+        body = req.body
+        payload: dict[str, Any] = {"model": body.get("model")}
+        if req.endpoint == "chat":
+            payload.update(messages=body["messages"], add_generation_prompt=True)
+            if body.get("tools"):
+                payload["tools"] = body["tools"]
+        else:
+            payload["prompt"] = _prompt_text(body.get("prompt"))
+        result = await self._post(replica, "/tokenize", payload)
+        return _positive_int(result["count"])
+
+    async def _llamacpp(self, replica: Replica, req: ParsedRequest) -> int:
+        body = req.body
+        if req.endpoint == "chat":
+            rendered = await self._post(replica, "/apply-template", {"messages": body["messages"]})
+            text = rendered["prompt"]
+        else:
+            text = _prompt_text(body.get("prompt"))
+        result = await self._post(replica, "/tokenize", {"content": text})
+        tokens = result["tokens"]
+        if not isinstance(tokens, list):
+            raise TypeError("/tokenize returned no token list")
+        return _positive_int(len(tokens))
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    raise ValueError("token-id prompts are counted by the estimate")
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a token count: {value!r}")
+    return value
+
+
+class LocalTokenizerCounter:
+    """`tokens: tokenizer`: a local Hugging Face `tokenizer.json` (optional extra)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            from tokenizers import Tokenizer  # type: ignore[import-not-found, unused-ignore]
+        except ImportError as exc:
+            raise ImportError(
+                "policy `tokens: tokenizer` needs the optional `tokenizers` package: "
+                "pip install 'llm-admission-gateway[tokenizer]' (or use tokens: engine / estimate)"
+            ) from exc
+        self._tok = Tokenizer.from_file(path)
+
+    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        return self.count_now(req, replicas)
+
+    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        # No chat template here: the text is counted exactly, the template overhead estimated.
+        n = sum(len(self._tok.encode(part).ids) for part in prompt_parts(req))
+        return TokenCount(n + template_overhead(req), "tokenizer")

@@ -1,0 +1,214 @@
+"""Replica registry and health checking.
+
+Each replica is probed every `health.interval_s` (jittered) with its engine's
+`GET /health` (vLLM: 200 when ready, refused while loading; llama.cpp: 503
+"Loading model" while loading). A replica becomes unhealthy after
+`unhealthy_after` consecutive failures and healthy again after
+`healthy_after` successes. The first probe also detects the engine kind when
+the config says `auto` (llama.cpp serves `/props`; vLLM serves `vllm:`
+metrics) and reads the served models with their `max_model_len`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config.schema import HealthConfig, ReplicaConfig
+from gateway.errors import GatewayError
+from gateway.forward.upstream import UpstreamClient
+
+log = logging.getLogger("gateway.replicas.registry")
+
+
+@dataclass(eq=False)
+class Replica:
+    config: ReplicaConfig
+    kind: str = "unknown"
+    healthy: bool = False
+    checked: bool = False
+    fail_streak: int = 0
+    ok_streak: int = 0
+    last_check: float | None = None
+    last_error: str | None = None
+    models: list[dict[str, Any]] = field(default_factory=list)
+    max_model_len: int | None = None
+    in_flight: int = 0
+    state: Any = None  # live engine state (admission issue); None until polled
+    # copies of config.name / config.url (read many times per request)
+    name: str = field(init=False)
+    url: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name = self.config.name
+        self.url = self.config.url
+        if self.config.kind != "auto":
+            self.kind = self.config.kind
+        self.max_model_len = self.config.max_model_len
+
+    def auth_headers(self) -> dict[str, str]:
+        key = self.config.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "kind": self.kind,
+            "healthy": self.healthy,
+            "checked": self.checked,
+            "last_check_age_s": None if self.last_check is None else round(time.monotonic() - self.last_check, 3),
+            "last_error": self.last_error,
+            "models": [m.get("id") for m in self.models],
+            "max_model_len": self.max_model_len,
+            "in_flight": self.in_flight,
+            # live KV/prefill/ledger numbers (gateway.livestate.LiveState) once admission tracks it
+            "live": self.state.describe() if hasattr(self.state, "describe") else None,
+        }
+
+
+class ReplicaRegistry:
+    def __init__(self, configs: tuple[ReplicaConfig, ...]) -> None:
+        self.replicas = [Replica(c) for c in configs]
+        self._by_name = {r.name: r for r in self.replicas}
+        self.changed = asyncio.Event()
+
+    def __iter__(self) -> Any:
+        return iter(self.replicas)
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+    def get(self, name: str) -> Replica | None:
+        return self._by_name.get(name)
+
+    def healthy(self) -> list[Replica]:
+        return [r for r in self.replicas if r.healthy]
+
+    def models(self) -> list[dict[str, Any]]:
+        """Union of the replicas' served models (first seen wins)."""
+        seen: dict[str, dict[str, Any]] = {}
+        for r in self.replicas:
+            for m in r.models:
+                mid = m.get("id")
+                if isinstance(mid, str) and mid not in seen:
+                    seen[mid] = m
+        return list(seen.values())
+
+    def notify(self) -> None:
+        """Wake anyone waiting for a replica change (health, capacity)."""
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class HealthMonitor:
+    def __init__(self, registry: ReplicaRegistry, client: UpstreamClient, cfg: HealthConfig,
+                 rng: random.Random | None = None) -> None:
+        self._registry = registry
+        self._client = client
+        self._cfg = cfg
+        self._rng = rng or random.Random()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(r) for r in self._registry))
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._loop(r), name=f"health:{r.name}") for r in self._registry]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _loop(self, replica: Replica) -> None:
+        while True:
+            delay = self._cfg.interval_s * (0.8 + 0.4 * self._rng.random())
+            await asyncio.sleep(delay)
+            await self.check(replica)
+
+    async def check(self, replica: Replica) -> None:
+        ok, error = await self._probe(replica)
+        replica.last_check = time.monotonic()
+        replica.checked = True
+        replica.last_error = error
+        if ok:
+            replica.ok_streak += 1
+            replica.fail_streak = 0
+            if not replica.healthy and replica.ok_streak >= self._cfg.healthy_after:
+                await self._discover(replica)
+                replica.healthy = True
+                log.info("replica %s is healthy (%s)", replica.name, replica.kind)
+                self._registry.notify()
+        else:
+            replica.fail_streak += 1
+            replica.ok_streak = 0
+            if replica.healthy and replica.fail_streak >= self._cfg.unhealthy_after:
+                replica.healthy = False
+                log.warning("replica %s is unhealthy: %s", replica.name, error)
+                self._registry.notify()
+
+    async def _probe(self, replica: Replica) -> tuple[bool, str | None]:
+        try:
+            resp = await self._client.get(replica.url + "/health", self._cfg.timeout_s, replica.auth_headers())
+        except GatewayError as exc:
+            return False, exc.message
+        if resp.status == 200:
+            return True, None
+        return False, f"/health answered HTTP {resp.status}"
+
+    async def _discover(self, replica: Replica) -> None:
+        if replica.kind == "unknown":
+            replica.kind = await self._detect_kind(replica)
+        await self._read_models(replica)
+        if replica.kind == "llamacpp" and replica.config.max_model_len is None:
+            n_ctx = await read_llamacpp_n_ctx(self._client, replica, self._cfg.timeout_s)
+            replica.max_model_len = n_ctx or replica.max_model_len
+
+    async def _detect_kind(self, replica: Replica) -> str:
+        timeout, headers = self._cfg.timeout_s, replica.auth_headers()
+        try:
+            props = await self._client.get(replica.url + "/props", timeout, headers)
+            if props.status == 200 and b"default_generation_settings" in props.body:
+                return "llamacpp"
+            metrics = await self._client.get(replica.url + "/metrics", timeout, headers)
+            if metrics.status == 200 and b"vllm:" in metrics.body:
+                return "vllm"
+        except GatewayError as exc:
+            log.warning("cannot detect engine kind of %s: %s", replica.name, exc.message)
+        return "unknown"
+
+    async def _read_models(self, replica: Replica) -> None:
+        try:
+            resp = await self._client.get(replica.url + "/v1/models", self._cfg.timeout_s, replica.auth_headers())
+            data = json.loads(resp.body) if resp.status == 200 else None
+        except (GatewayError, ValueError) as exc:
+            log.warning("cannot read models of %s: %s", replica.name, exc)
+            return
+        models = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(models, list):
+            return
+        replica.models = [m for m in models if isinstance(m, dict)]
+        if replica.config.max_model_len is None:
+            lens = [m.get("max_model_len") for m in replica.models]
+            found = [v for v in lens if isinstance(v, int) and v > 0]
+            if found:
+                replica.max_model_len = min(found)
+
+
+async def read_llamacpp_n_ctx(client: UpstreamClient, replica: Replica, timeout: float) -> int | None:
+    """Per-slot context size of a llama.cpp server (`/props`)."""
+    try:
+        resp = await client.get(replica.url + "/props", timeout, replica.auth_headers())
+        data = json.loads(resp.body) if resp.status == 200 else None
+    except (GatewayError, ValueError):
+        return None
+    settings = data.get("default_generation_settings") if isinstance(data, dict) else None
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
