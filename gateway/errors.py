@@ -9,6 +9,7 @@
      ├── Unauthorized                 (401 authentication_error)
      ├── Forbidden                    (403 permission_error)
      ├── NotFound                     (404 not_found_error)
+     │    └── HeadersTooLarge         (431 request_headers_too_large)
      ├── PayloadTooLarge              (413)
      ├── RateLimited                  (429 rate_limit_exceeded / session_budget_exceeded)
      ├── Overloaded                   (503 overloaded; queue full, shed early)
@@ -21,17 +22,27 @@
                └── UpstreamStaleConnection (pooled connection closed before the body was written)
 
 Engine errors are translated at the adapter boundary (`gateway.engines`);
-everything else raises one of these, and `error_response` / `sse_error_event`
-are the only places that turn them into bytes.
+everything else raises one of these. This module is the only place that turns
+them into bytes, all in the OpenAI shape `{"error": {"message", "type",
+"param", "code"}}` with the headers of `error_headers`:
+
+  error_bytes          status, raw ASGI headers and body (the pipeline's answers)
+  error_response       a Starlette `Response` (Starlette handlers, the endpoint)
+  sse_error_event      an SSE event, once a stream has started
+  render_server_error  the lean HTTP server's own answers (`server_error`):
+                       its `render_error`, wired where the listener is built
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.responses import Response
+
+RawHeaders = list[tuple[bytes, bytes]]
 
 
 class GatewayError(Exception):
@@ -110,6 +121,14 @@ class NotFound(GatewayError):
     type = "not_found_error"
     code = "not_found"
     reason = "not_found"
+
+
+class HeadersTooLarge(BadRequest):
+    """The request line and headers exceed the HTTP server's limit."""
+
+    status = 431
+    code = "request_headers_too_large"
+    reason = "headers_too_large"
 
 
 class PayloadTooLarge(GatewayError):
@@ -212,10 +231,59 @@ def error_headers(err: GatewayError, request_id: str | None = None) -> dict[str,
     return headers
 
 
-def error_response(err: GatewayError, request_id: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(err), status_code=err.status, headers=error_headers(err, request_id))
+def _encode(err: GatewayError) -> bytes:
+    return json.dumps(error_body(err)).encode()
+
+
+def _raw_headers(err: GatewayError, request_id: str | None,
+                 extra_headers: Mapping[str, str] | None) -> RawHeaders:
+    headers = error_headers(err, request_id)
+    if extra_headers:
+        headers.update(extra_headers)
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def error_bytes(err: GatewayError, request_id: str | None = None,
+                extra_headers: Mapping[str, str] | None = None) -> tuple[int, RawHeaders, bytes]:
+    """Status, raw ASGI response headers (content type and length first, then
+    `error_headers`, then `extra_headers`, which win) and the JSON body."""
+    body = _encode(err)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += _raw_headers(err, request_id, extra_headers)
+    return err.status, headers, body
+
+
+def error_response(err: GatewayError, request_id: str | None = None) -> Response:
+    return Response(_encode(err), status_code=err.status, headers=error_headers(err, request_id),
+                    media_type="application/json")
 
 
 def sse_error_event(err: GatewayError) -> bytes:
     """The event sent when an error happens after a stream has started."""
-    return b"data: " + json.dumps(error_body(err)).encode() + b"\n\n"
+    return b"data: " + _encode(err) + b"\n\n"
+
+
+_SERVER_ERRORS: dict[int, type[GatewayError]] = {
+    400: BadRequest,
+    404: NotFound,
+    413: PayloadTooLarge,
+    431: HeadersTooLarge,
+    503: Overloaded,
+}
+
+
+def server_error(status: int, message: str, code: str | None = None) -> GatewayError:
+    """The error of an answer the HTTP server gives on its own (a malformed
+    request, a head over its limit, an app that failed): the class its status
+    maps to, with the server's `code` (None: the class's)."""
+    cls = _SERVER_ERRORS.get(status) or (BadRequest if status < 500 else GatewayError)
+    return cls(message, code=code, status=status)
+
+
+def render_server_error(status: int, message: str,
+                        code: str | None) -> tuple[RawHeaders, bytes]:
+    """The lean server's `render_error` (`gateway.http.responses.ErrorRenderer`):
+    headers without the framing ones, which the server adds, and the body."""
+    err = server_error(status, message, code)
+    headers = [(b"content-type", b"application/json"), *_raw_headers(err, None, None)]
+    return headers, _encode(err)

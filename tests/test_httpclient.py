@@ -1,4 +1,4 @@
-"""The upstream HTTP/1.1 client (gateway.httpclient / gateway.upstream) against
+"""The upstream HTTP/1.1 client (gateway.http.client / gateway.forward.upstream) against
 real loopback servers: keep-alive, framing, streaming, flow control, the
 error mapping, cancellation and the pool's limits. Every test runs on both
 the default asyncio loop and uvloop (the gateway's), bounded in time."""
@@ -22,9 +22,9 @@ import uvloop
 
 from gateway.config.schema import UpstreamConfig
 from gateway.errors import UpstreamNeverReached, UpstreamStaleConnection, UpstreamUnavailable
+from gateway.forward.upstream import UpstreamClient
 from gateway.http.client_conn import HIGH_WATER
 from gateway.http.serving import free_port
-from gateway.forward.upstream import UpstreamClient
 
 Handler = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 JSON = {"Content-Type": "application/json"}

@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 server (`gateway.httpserver`) over real loopback sockets.
+"""The lean HTTP/1.1 server (`gateway.http.server`) over real loopback sockets.
 
 Small ASGI apps are served with `BackgroundServers([Listener(..., server="lean")])`
 (or a `LeanServer` with short timeouts on a private loop); the clients are raw
@@ -23,8 +23,10 @@ import httptools
 import httpx
 import pytest
 
-from gateway.http.server import LeanServer
+from gateway.errors import render_server_error
 from gateway.http.exchange import BODY_HIGH_WATER, DISCONNECT_EXTENSION
+from gateway.http.responses import ErrorRenderer, RawHeaders, json_error
+from gateway.http.server import LeanServer
 from gateway.http.serving import BackgroundServers, Listener, free_port
 
 Scope = dict[str, Any]
@@ -154,9 +156,9 @@ def make_app(rec: Recorder) -> Any:
 
 
 @contextmanager
-def serve(app: Any) -> Iterator[int]:
+def serve(app: Any, render_error: ErrorRenderer = json_error) -> Iterator[int]:
     port = free_port()
-    with BackgroundServers([Listener(app, "127.0.0.1", port, server="lean")]):
+    with BackgroundServers([Listener(app, "127.0.0.1", port, server="lean", render_error=render_error)]):
         yield port
 
 
@@ -709,6 +711,64 @@ def test_app_errors(port: int, caplog: pytest.LogCaptureFixture) -> None:
         (r,) = reader.read(1)
         assert r.status == 500 and b"x-evil" not in reader.raw
     assert httpx.get(f"http://127.0.0.1:{port}/echo").status_code == 200  # the server is fine
+
+
+# --- the server's own error answers: the OpenAI shape, from the injected renderer -----------------
+
+_MALFORMED = b"GARBAGE\r\n\r\n"
+_HUGE_HEAD = ("GET /echo HTTP/1.1\r\nHost: t\r\n"
+              + "".join(f"X-Filler-{i}: {'v' * 100}\r\n" for i in range(700)) + "\r\n").encode()
+_CRASH = request("GET", "/boom")
+
+
+def _server_error(port: int, raw: bytes) -> Response:
+    with connect(port) as s:
+        s.sendall(raw)
+        reader = ResponseReader(s)
+        (r,) = reader.read(1)
+        assert r.header("connection") == "close" and reader.wait_closed()
+        assert r.header("content-type") == "application/json"
+        assert r.header("content-length") == str(len(r.body))
+        assert "date" in dict(r.headers)
+        return r
+
+
+@pytest.mark.parametrize(("raw", "status", "kind", "code"), [
+    (_MALFORMED, 400, "invalid_request_error", "malformed_request"),
+    (_HUGE_HEAD, 431, "invalid_request_error", "request_headers_too_large"),
+    (_CRASH, 500, "server_error", "internal_error"),
+])
+def test_server_errors_have_the_full_openai_shape(port: int, raw: bytes, status: int, kind: str,
+                                                  code: str) -> None:
+    r = _server_error(port, raw)
+    error = r.json()["error"]
+    assert r.status == status and set(r.json()) == {"error"}
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"], error["code"]) == (kind, None, code) and error["message"]
+
+
+@pytest.mark.parametrize(("raw", "status", "kind", "reason", "retry"), [
+    (_MALFORMED, 400, "invalid_request_error", "bad_request", "false"),
+    (_HUGE_HEAD, 431, "invalid_request_error", "headers_too_large", "false"),
+    (_CRASH, 500, "server_error", "internal_error", None),
+])
+def test_the_gateway_renderer_adds_its_error_headers(rec: Recorder, raw: bytes, status: int, kind: str,
+                                                      reason: str, retry: str | None) -> None:
+    with serve(make_app(rec), render_error=render_server_error) as port:
+        r = _server_error(port, raw)
+    error = r.json()["error"]
+    assert r.status == status and set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == kind and error["param"] is None
+    assert r.header("x-gateway-reject-reason") == reason and r.header("x-should-retry") == retry
+
+
+def test_a_failing_renderer_falls_back_to_the_default(rec: Recorder) -> None:
+    def broken(status: int, message: str, code: str | None) -> tuple[RawHeaders, bytes]:
+        raise RuntimeError("renderer bug")
+
+    with serve(make_app(rec), render_error=broken) as port:
+        r = _server_error(port, _MALFORMED)
+    assert r.status == 400 and r.json()["error"]["code"] == "malformed_request"
 
 
 # --- timeouts, shutdown, lifespan ---------------------------------------------------------------

@@ -6,7 +6,7 @@ chunked or EOF, streamed as they arrive with bounded buffering
 (`pause_reading` above `HIGH_WATER`). No compression, no redirects, no
 cookies. Timeouts other than connecting are the caller's (cancel the task).
 
-Errors (`gateway.upstream` maps them onto the gateway's tree):
+Errors (`gateway.forward.upstream` maps them onto the gateway's tree):
   ConnectFailed     the request provably never reached the server: connect
                     refused / timed out / DNS, no free pool slot in time, or a
                     fresh connection lost before the request was fully written;
@@ -18,12 +18,10 @@ Errors (`gateway.upstream` maps them onto the gateway's tree):
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import ssl
 from collections.abc import Mapping
 from typing import Final, cast
-from urllib.parse import urlsplit
 
 from gateway.http.client_conn import (
     Conn,
@@ -33,55 +31,15 @@ from gateway.http.client_conn import (
     Key,
     StaleConnection,
 )
+from gateway.http.target import Target, encode_request
 
-__all__ = ["Conn", "ConnectFailed", "ConnectionBroken", "HTTPClientError", "Pool", "Response", "StaleConnection",
-           "Target", "encode_request"]
+__all__ = ["Conn", "ConnectFailed", "ConnectionBroken", "HTTPClientError", "Pool", "Response",
+           "StaleConnection", "Target", "encode_request"]
 
 DNS_TTL_S: Final = 10.0
 _MAX_TARGETS: Final = 1024
 _EXPIRED: Final = object()
 _CLOSED: Final = object()
-
-
-class Target:
-    """A parsed request URL (cached per URL string)."""
-
-    __slots__ = ("host", "host_header", "key", "literal", "path", "port", "tls")
-
-    def __init__(self, url: str) -> None:
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as exc:
-            raise ConnectFailed(f"invalid URL {url!r}: {exc}") from exc
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConnectFailed(f"unsupported URL {url!r}")
-        self.tls = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = port or (443 if self.tls else 80)
-        self.key: Key = (parts.scheme, self.host, self.port)
-        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.host_header = parts.netloc.rpartition("@")[2]
-        try:
-            ipaddress.ip_address(self.host)
-            self.literal = True
-        except ValueError:
-            self.literal = False
-
-
-def encode_request(method: str, target: Target, headers: Mapping[str, str], body: bytes | None) -> bytes:
-    """Request line, `Host`, `Content-Length` (when there is a body), the
-    caller's headers verbatim, and the body: one buffer, one write."""
-    block = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-    if block.count("\n") != len(headers) or block.count("\r") != len(headers):
-        raise ValueError("newline or carriage return in an HTTP header")
-    length = "" if body is None else f"Content-Length: {len(body)}\r\n"
-    head = f"{method} {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\n{length}{block}\r\n"
-    try:
-        raw = head.encode("latin-1")
-    except UnicodeEncodeError:
-        raw = head.encode()
-    return raw + body if body else raw
 
 
 class Response:
@@ -160,7 +118,8 @@ class Pool:
     idle connection of its key, evicts an idle one of another key, or waits
     FIFO for one, bounded by its connect timeout."""
 
-    def __init__(self, max_connections: int, max_per_key: int = 0, keepalive_s: float = 4.0) -> None:
+    def __init__(self, max_connections: int, max_per_key: int = 0,
+                 keepalive_s: float = 4.0) -> None:
         self._loop = asyncio.get_running_loop()
         self._max = max_connections
         self._max_per_key = max_per_key
@@ -308,9 +267,12 @@ class Pool:
                 self._waiters.remove(entry)
         if got is _EXPIRED:
             per = self._per_key.get(key, 0)
-            which = (f"max_connections_per_replica={self._max_per_key}"
-                     if self._max_per_key and per >= self._max_per_key else f"max_connections={self._max}")
-            raise ConnectFailed(f"no free upstream connection within {timeout:g} s ({which} reached)")
+            if self._max_per_key and per >= self._max_per_key:
+                which = f"max_connections_per_replica={self._max_per_key}"
+            else:
+                which = f"max_connections={self._max}"
+            raise ConnectFailed(
+                f"no free upstream connection within {timeout:g} s ({which} reached)")
         if got is _CLOSED:
             raise RuntimeError("the HTTP client is closed")
         return cast(Conn | None, got)
@@ -368,7 +330,10 @@ class Pool:
         tls = self._ssl_context() if target.tls else None
         try:
             async with asyncio.timeout_at(deadline):
-                hosts = [target.host] if target.literal else await self._resolve(target.host, target.port)
+                if target.literal:
+                    hosts = [target.host]
+                else:
+                    hosts = await self._resolve(target.host, target.port)
                 error: OSError | None = None
                 for host in hosts:
                     try:

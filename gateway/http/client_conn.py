@@ -4,18 +4,15 @@ A connection carries one exchange at a time. Its state is plain attributes
 and at most one future (`waiter`) that the task reading it awaits; the
 transport's callbacks fill the buffer and wake it. Reading is paused while
 more than `HIGH_WATER` bytes wait unread, and resumed when the reader drains
-them. See `gateway.httpclient` for the pool and the error classes' meaning.
+them. See `gateway.http.client` for the pool and the error classes' meaning.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final, Protocol, cast
 
 import httptools
-
-if TYPE_CHECKING:
-    from gateway.http.client import Pool
 
 Key = tuple[str, str, int]  # (scheme, host, port)
 HIGH_WATER: Final = 256 * 1024
@@ -39,6 +36,13 @@ class ConnectionBroken(HTTPClientError):
 
 class _ExtraMessage(Exception):
     """Bytes after a complete response that nothing asked for."""
+
+
+class Owner(Protocol):
+    """What a connection needs of the pool it belongs to (`gateway.http.client.Pool`)."""
+
+    def release(self, conn: Conn, reuse: bool) -> None: ...
+    def drop(self, conn: Conn, wake: bool = True) -> None: ...
 
 
 class Conn(asyncio.Protocol):
@@ -69,7 +73,6 @@ class Conn(asyncio.Protocol):
         "uses",
         "waiter",
     )
-    __deletable__ = ("parser",)  # tells mypyc (setup.py) that `connection_lost` deletes it
 
     transport: asyncio.Transport | None
     status: int
@@ -86,7 +89,7 @@ class Conn(asyncio.Protocol):
     unwritten: bool  # part of the request may still sit in a write buffer
     got_bytes: bool  # any byte of the response arrived
 
-    def __init__(self, pool: Pool, key: Key) -> None:
+    def __init__(self, pool: Owner, key: Key) -> None:
         self.pool = pool
         self.key = key
         self.loop = asyncio.get_running_loop()
@@ -140,7 +143,8 @@ class Conn(asyncio.Protocol):
         self.unwritten = True
         waiter = self.waiter = self.loop.create_future()
         transport.write(data)
-        if not transport.is_closing() and not (self.drain_tracked and transport.get_write_buffer_size()):
+        buffered = self.drain_tracked and transport.get_write_buffer_size()
+        if not transport.is_closing() and not buffered:
             self.unwritten = False
         if not self.head_done and self.error is None:
             try:

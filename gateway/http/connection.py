@@ -1,7 +1,7 @@
-"""One client connection of the lean HTTP/1.1 server (`gateway.httpserver`).
+"""One client connection of the lean HTTP/1.1 server (`gateway.http.server`).
 
 `HttpConnection` is an asyncio Protocol feeding `httptools.HttpRequestParser`.
-Each complete request head becomes an `Exchange` (`gateway.httpserver_exchange`)
+Each complete request head becomes an `Exchange` (`gateway.http.exchange`)
 served by one task, the app call. Requests are answered in order: a pipelined
 request waits in a queue, with reading paused, until the response before it
 is complete; the next app call starts then.
@@ -10,7 +10,8 @@ Limits and errors: a request line + headers over `MAX_HEAD` bytes is answered
 `431`, a malformed request `400`, both with `connection: close`. Upgrade
 requests (websocket, h2c, CONNECT) are served as plain HTTP/1.1 (a server may
 ignore `Upgrade`, RFC 9110 §7.8) and the connection closes after the response;
-one that also carries a body is refused with `400`. A half-close from the
+one that also carries a body is refused with `400`. The body of these answers
+comes from the server's `ErrorRenderer` (`gateway.http.responses`). A half-close from the
 client counts as a disconnect.
 
 Keep-alive: HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with
@@ -30,40 +31,31 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway.http.exchange import BODY_HIGH_WATER, ASGIApp, Exchange, Scope, error_response
+from gateway.http.asgi import Scope
+from gateway.http.exchange import BODY_HIGH_WATER, Exchange
+from gateway.http.responses import error_response
+from gateway.http.server_state import ServerState
 
 log = logging.getLogger("gateway.http.server")
 
 MAX_HEAD: Final = 64 * 1024  # request line + headers
 MAX_PIPELINE: Final = 32  # queued requests per connection; beyond, the connection closes after them
 LINGER_S: Final = 2.0  # input is discarded this long after an answer that leaves input unread
-_METHODS: Final = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
-
-
-class ServerState:
-    """What all connections of one server share."""
-
-    __slots__ = ("app", "app_state", "connections", "date_line", "idle_timeout", "loop", "shutting_down",
-                 "tasks")
-
-    def __init__(self, app: ASGIApp, loop: asyncio.AbstractEventLoop, idle_timeout: float) -> None:
-        self.app = app
-        self.loop = loop
-        self.idle_timeout = idle_timeout
-        self.app_state: dict[str, Any] = {}  # the lifespan's state; each request gets a copy
-        self.connections: set[HttpConnection] = set()
-        self.tasks: set[asyncio.Task[None]] = set()  # app calls still running
-        self.date_line = b""  # b"date: ...\r\n", refreshed by the server once a second
-        self.shutting_down = False
+_METHODS: Final = {m.encode(): m
+                   for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+_TOO_LARGE: Final = "Request line and headers too large."
+_TOO_LARGE_CODE: Final = "request_headers_too_large"
 
 
 class _Reject(Exception):
-    """Raised in a parser callback to stop parsing and answer with an error."""
+    """Raised in a parser callback to stop parsing and answer with an error
+    (status 0: close without an answer)."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, code: str | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.code = code
 
 
 def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
@@ -78,8 +70,9 @@ def _addr(info: Any) -> tuple[str, int] | None:
 
 class HttpConnection(asyncio.Protocol):
     __slots__ = ("_client", "_closed", "_current", "_deferred_error", "_drain", "_expect", "_fresh",
-                 "_head_lower", "_head_upper", "_headers", "_idle_since", "_idle_timer", "_parser", "_parsing",
-                 "_queue", "_read_paused", "_server", "_stopped", "_transport", "_url", "loop", "state",
+                 "_head_lower", "_head_upper", "_headers", "_idle_since", "_idle_timer", "_parser",
+                 "_parsing", "_queue", "_read_paused", "_server", "_stopped", "_transport", "_url",
+                 "loop", "state",
                  "write_paused")
 
     def __init__(self, state: ServerState) -> None:
@@ -152,9 +145,10 @@ class HttpConnection(asyncio.Protocol):
                 log.debug("%s from %s", cause.reason, self._client)
                 self._stop_parsing()
             elif isinstance(cause, _Reject):
-                self._bad_request(cause.status, cause.reason)
+                self._bad_request(cause.status, cause.reason, cause.code)
             else:
-                self._bad_request(400, f"Malformed HTTP request: {cause or exc}")
+                reason = f"Malformed HTTP request: {cause or exc}"
+                self._bad_request(400, reason, "malformed_request")
             return
         if self._url:  # a head is still incomplete at the end of this read
             if self._fresh or not was_in_head:
@@ -163,7 +157,7 @@ class HttpConnection(asyncio.Protocol):
             else:
                 self._head_lower += len(data)
                 if self._head_lower > MAX_HEAD:
-                    self._bad_request(431, "Request line and headers too large.")
+                    self._bad_request(431, _TOO_LARGE, _TOO_LARGE_CODE)
         else:
             self._head_upper = 0
 
@@ -184,7 +178,7 @@ class HttpConnection(asyncio.Protocol):
         self._headers = []
         self._fresh = True
         if self._head_upper > MAX_HEAD and _head_size(url, headers) > MAX_HEAD:
-            raise _Reject(431, "Request line and headers too large.")
+            raise _Reject(431, _TOO_LARGE, _TOO_LARGE_CODE)
         self._head_upper = self._head_lower = 0
         parser = self._parser
         method_b = parser.get_method()
@@ -192,10 +186,13 @@ class HttpConnection(asyncio.Protocol):
         version = parser.get_http_version()
         keep_alive = parser.should_keep_alive()
         if parser.should_upgrade():
-            # The parser would take a body for upgraded bytes: refuse one; serve the rest, then close.
-            if method_b != b"CONNECT" and any(n in (b"content-length", b"transfer-encoding") and v.strip() != b"0"
-                                              for n, v in headers):
-                raise _Reject(400, "An Upgrade request with a body is not supported.")
+            # The parser would take a body for upgraded bytes: refuse one; serve the rest,
+            # then close.
+            if method_b != b"CONNECT" and any(
+                    n in (b"content-length", b"transfer-encoding") and v.strip() != b"0"
+                    for n, v in headers):
+                raise _Reject(400, "An Upgrade request with a body is not supported.",
+                              "upgrade_with_body")
             keep_alive = False
         if url[:1] == b"/" and b"#" not in url:
             raw_path, _, query = url.partition(b"?")
@@ -205,7 +202,7 @@ class HttpConnection(asyncio.Protocol):
             try:
                 parsed = httptools.parse_url(url)
             except httptools.HttpParserInvalidURLError:
-                raise _Reject(400, "Invalid request target.") from None
+                raise _Reject(400, "Invalid request target.", "invalid_request_target") from None
             raw_path, query = parsed.path or b"/", parsed.query or b""
         path = raw_path.decode("ascii")
         if "%" in path:
@@ -226,7 +223,8 @@ class HttpConnection(asyncio.Protocol):
             "headers": headers,
             "state": state.app_state.copy(),
         }
-        if self._current is not None and self._queue is not None and len(self._queue) >= MAX_PIPELINE:
+        queue = self._queue
+        if self._current is not None and queue is not None and len(queue) >= MAX_PIPELINE:
             raise _Reject(0, "too many pipelined requests")  # (answered up to here, then closed)
         exchange = Exchange(self, self._transport, scope, keep_alive, version == "1.0",
                             self._expect and version != "1.0")
@@ -260,7 +258,8 @@ class HttpConnection(asyncio.Protocol):
         self.state.tasks.add(task)
 
     def response_done(self, exchange: Exchange) -> None:
-        """`exchange` ended (its last byte written, or abandoned): start the next request, or go idle."""
+        """`exchange` ended (its last byte written, or abandoned): start the next request,
+        or go idle."""
         if self._current is exchange:
             self._current = None
         if self._closed:
@@ -310,11 +309,12 @@ class HttpConnection(asyncio.Protocol):
         else:
             last.keep_alive = False
 
-    def _bad_request(self, status: int, reason: str) -> None:
+    def _bad_request(self, status: int, reason: str, code: str | None) -> None:
         log.debug("HTTP %d to %s: %s", status, self._client, reason)
         self._stopped = True
         self.pause_reading()
-        data = error_response(status, reason, self.state.date_line)
+        state = self.state
+        data = error_response(state.render_error, status, reason, code, state.date_line)
         current = self._current
         if current is None:
             self._transport.write(data)

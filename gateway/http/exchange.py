@@ -1,4 +1,4 @@
-"""One request/response exchange of the lean HTTP/1.1 server (`gateway.httpserver`).
+"""One request/response exchange of the lean HTTP/1.1 server (`gateway.http.server`).
 
 An `Exchange` is created when a request head is complete; its bound `receive`
 and `send` are what the ASGI app is called with, in one task (`run`).
@@ -11,10 +11,10 @@ while more than `BODY_HIGH_WATER` bytes wait unread. `Expect: 100-continue`
 is answered on the first `receive()` that needs the body.
 
 Disconnect notification: the scope carries the extension
-`DISCONNECT_EXTENSION`, a function `watch(callback) -> unwatch` calling
-`callback()` once when the connection is lost while the exchange runs (at
-once if it already was), so an app can react to a disconnect without a task
-blocked in `receive()`.
+`DISCONNECT_EXTENSION` (`gateway.http.asgi`), a function
+`watch(callback) -> unwatch` calling `callback()` once when the connection
+is lost while the exchange runs (at once if it already was), so an app can
+react to a disconnect without a task blocked in `receive()`.
 
 Response: the head is held until the first body chunk and written with it
 (one write for a whole response). Without `content-length`, a body sent in
@@ -29,44 +29,28 @@ write buffer is above its high-water mark, and raises `ClientDisconnected`
 from __future__ import annotations
 
 import asyncio
-import http
-import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
-from gateway.http.disconnect import ClientDisconnected
+from gateway.http.asgi import DISCONNECT_EXTENSION, ASGIApp, ClientDisconnected, Message, Scope
+from gateway.http.responses import STATUS_LINES, error_response
+from gateway.http.server_state import ServerState
 
-if TYPE_CHECKING:
-    from gateway.http.connection import HttpConnection
+__all__ = ["BODY_HIGH_WATER", "DISCONNECT_EXTENSION", "ClientDisconnected", "Connection",
+           "Exchange"]
 
 log = logging.getLogger("gateway.http.server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 BODY_HIGH_WATER: Final = 256 * 1024  # unread request body before reading pauses
 _COPY_LIMIT: Final = 16 * 1024  # a larger body is not copied behind its head (writelines)
 
-DISCONNECT_EXTENSION: Final = "gateway.disconnect_watch"
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _UNDECIDED = range(5)  # response framing
 _SPECIAL: Final = frozenset((b"content-length", b"transfer-encoding", b"connection", b"date"))
 
 
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = http.HTTPStatus(status).phrase
-    except ValueError:
-        phrase = ""
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
-
-
-_STATUS_LINES: Final = {s: _status_line(s) for s in range(100, 600)}
 # Response header names seen before → their lower-case form (validated once).
 _NAMES: dict[bytes, bytes] = {}
 _TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -85,28 +69,38 @@ def _noop() -> None:
     pass
 
 
-def error_response(status: int, message: str, date_line: bytes) -> bytes:
-    """A complete `connection: close` answer with an OpenAI-style JSON error body."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = json.dumps({"error": {"message": message, "type": kind, "code": None}}).encode()
-    return b"".join((_STATUS_LINES[status], b"content-type: application/json\r\ncontent-length: ",
-                     str(len(body)).encode(), b"\r\nconnection: close\r\n", date_line, b"\r\n", body))
+class Connection(Protocol):
+    """What an exchange needs of its connection (`HttpConnection`)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def state(self) -> ServerState: ...
+    @property
+    def write_paused(self) -> bool: ...
+    async def writable(self) -> None: ...
+    def pause_reading(self) -> None: ...
+    def body_drained(self) -> None: ...
+    def touch_idle(self) -> None: ...
+    def response_done(self, exchange: Exchange) -> None: ...
 
 
 class Exchange:
     """One request and its response: the ASGI `receive` and `send` of one app call."""
 
-    __slots__ = ("body_flush", "buffered", "chunks", "complete", "conn", "disconnected", "expect_continue",
-                 "final_given", "head", "head_sent", "http10", "keep_alive", "mode", "more_body", "remaining",
-                 "scope", "started", "task", "transport", "waiter", "watchers")
+    __slots__ = ("body_flush", "buffered", "chunks", "complete", "conn", "disconnected",
+                 "expect_continue", "final_given", "head", "head_sent", "http10", "keep_alive",
+                 "mode", "more_body", "remaining", "scope", "started", "task", "transport",
+                 "waiter", "watchers")
 
-    def __init__(self, conn: HttpConnection, transport: asyncio.Transport, scope: Scope, keep_alive: bool,
-                 http10: bool, expect_continue: bool) -> None:
+    def __init__(self, conn: Connection, transport: asyncio.Transport, scope: Scope,
+                 keep_alive: bool, http10: bool, expect_continue: bool) -> None:
         self.conn = conn
         self.transport = transport
         self.scope = scope
         scope["extensions"] = {DISCONNECT_EXTENSION: self.watch_disconnect}
-        self.watchers: list[Callable[[], None]] | None = None  # called once when the client goes away
+        # called once when the client goes away
+        self.watchers: list[Callable[[], None]] | None = None
         self.keep_alive = keep_alive
         self.http10 = http10
         self.expect_continue = expect_continue  # `100 Continue` owed on the first receive()
@@ -225,7 +219,7 @@ class Exchange:
         raise RuntimeError(f"Unexpected ASGI message {kind!r} (response {state}).")
 
     def _prepare_head(self, status: int, headers: Any) -> None:
-        line = _STATUS_LINES.get(status)
+        line = STATUS_LINES.get(status)
         if line is None:
             raise RuntimeError(f"Invalid HTTP status code: {status!r}")
         parts = [line]
@@ -364,7 +358,8 @@ class Exchange:
             if self.disconnected:
                 log.debug("ASGI app error after the client disconnected: %r", exc)
             else:
-                log.error("Exception in ASGI application (%s %s)", self.scope["method"], self.scope["path"],
+                log.error("Exception in ASGI application (%s %s)",
+                          self.scope["method"], self.scope["path"],
                           exc_info=exc)
             self._abandon()
         else:
@@ -394,5 +389,7 @@ class Exchange:
             self.body_flush = None
         if not self.head_sent and not self.disconnected:
             self.head = None
-            self.transport.write(error_response(500, "Internal server error", self.conn.state.date_line))
+            state = self.conn.state
+            self.transport.write(error_response(state.render_error, 500, "Internal server error",
+                                                "internal_error", state.date_line))
         self.conn.response_done(self)

@@ -5,9 +5,14 @@ uvicorn's per-request machinery costs ~50 µs of CPU per small proxied request
 at concurrency 1 over a plain protocol (`docs/performance.md`). Only what an
 HTTP/1.1 API server needs: ASGI 3 `http` (spec 2.4) and `lifespan`; no
 websockets, no TLS, no HTTP/2 (upgrade requests are answered as plain HTTP/1.1,
-see `gateway.httpserver_conn`).
+see `gateway.http.connection`).
 
-`LeanServer` has the surface `gateway.serving` uses of `uvicorn.Server`:
+The answers the server gives on its own (400 malformed request, 431 head too
+large, 500 app failure) take their headers and body from `render_error`
+(`gateway.http.responses.ErrorRenderer`; default: `json_error`), so that an
+application can make them look like its own errors.
+
+`LeanServer` has the surface `gateway.http.serving` uses of `uvicorn.Server`:
 `await serve(sockets=None)`, `started`, `should_exit` (and `force_exit`).
 Startup runs the app's lifespan before accepting (a failure exits with status
 3, as uvicorn does); `should_exit` stops accepting, lets in-flight requests
@@ -31,9 +36,10 @@ from email.utils import formatdate
 from types import FrameType
 from typing import Any
 
-from gateway.http.disconnect import ClientDisconnected
-from gateway.http.connection import HttpConnection, ServerState
-from gateway.http.exchange import ASGIApp, Message
+from gateway.http.asgi import ASGIApp, ClientDisconnected, Message
+from gateway.http.connection import HttpConnection
+from gateway.http.responses import ErrorRenderer, json_error
+from gateway.http.server_state import ServerState
 
 __all__ = ["ClientDisconnected", "LeanServer"]
 
@@ -68,7 +74,8 @@ class _Lifespan:
         await self._stopped.wait()
 
     async def _main(self) -> None:
-        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": self.state}
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"},
+                 "state": self.state}
         try:
             await self._app(scope, self._queue.get, self._send)
         except BaseException as exc:
@@ -99,14 +106,16 @@ class _Lifespan:
 class LeanServer:
     """Serve one ASGI app on one listening socket (see the module doc)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8080, *, idle_timeout: float = 5.0,
-                 graceful_timeout: float = 2.0, backlog: int = 2048) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8080, *,
+                 idle_timeout: float = 5.0, graceful_timeout: float = 2.0, backlog: int = 2048,
+                 render_error: ErrorRenderer = json_error) -> None:
         self.app = app
         self.host = host
         self.port = port
         self.idle_timeout = idle_timeout
         self.graceful_timeout = graceful_timeout
         self.backlog = backlog
+        self.render_error = render_error
         self.started = False
         self.should_exit = False
         self.force_exit = False
@@ -123,7 +132,7 @@ class LeanServer:
         if not await lifespan.startup():
             log.error("Application startup failed. Exiting.")
             raise SystemExit(STARTUP_FAILURE)
-        state = self.state = ServerState(self.app, loop, self.idle_timeout)
+        state = self.state = ServerState(self.app, loop, self.idle_timeout, self.render_error)
         state.app_state = lifespan.state
         self._refresh_date()
 
@@ -134,9 +143,11 @@ class LeanServer:
         try:
             if sockets is not None:
                 for sock in sockets:
-                    servers.append(await loop.create_server(factory, sock=sock, backlog=self.backlog))
+                    servers.append(
+                        await loop.create_server(factory, sock=sock, backlog=self.backlog))
             else:
-                servers.append(await loop.create_server(factory, self.host, self.port, backlog=self.backlog,
+                servers.append(await loop.create_server(factory, self.host, self.port,
+                                                        backlog=self.backlog,
                                                         reuse_address=True))
         except OSError as exc:
             log.error("cannot listen on %s:%s: %s", self.host, self.port, exc)

@@ -4,7 +4,8 @@ Used by `gateway serve` (public + admin listeners), `gateway sim` (N simulated
 replicas on consecutive ports), `gateway demo`, and by tests and benchmarks,
 which run the same servers in a background thread on free loopback ports.
 A listener runs under uvicorn unless it asks for `server="lean"`
-(`gateway.httpserver`, what the gateway's public listener uses by default).
+(`gateway.http.server`, what the gateway's public listener uses by default);
+a lean listener's own error answers come from its `render_error`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Literal, Self, cast
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.http.responses import ErrorRenderer, json_error
 from gateway.http.server import LeanServer
 
 
@@ -30,6 +32,8 @@ class Listener:
     host: str
     port: int
     server: Literal["uvicorn", "lean"] = "uvicorn"
+    #: the body of the lean server's own error answers (uvicorn keeps its own)
+    render_error: ErrorRenderer = json_error
 
 
 def run(main: Any) -> None:
@@ -69,7 +73,8 @@ def _bind_all(listeners: Sequence[Listener]) -> list[socket.socket]:
     bound: list[socket.socket] = []
     try:
         for lst in listeners:
-            sock = socket.socket(socket.AF_INET6 if ":" in lst.host else socket.AF_INET, socket.SOCK_STREAM)
+            family = socket.AF_INET6 if ":" in lst.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
             bound.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((lst.host, lst.port))
@@ -135,14 +140,16 @@ class _Protocol(HttpToolsProtocol):
 
 def _make_server(listener: Listener, log_level: str) -> uvicorn.Server | LeanServer:
     if listener.server == "lean":
-        return LeanServer(listener.app, listener.host, listener.port, idle_timeout=5.0, graceful_timeout=2.0)
+        return LeanServer(listener.app, listener.host, listener.port, idle_timeout=5.0,
+                          graceful_timeout=2.0, render_error=listener.render_error)
     config = uvicorn.Config(
         listener.app,
         host=listener.host,
         port=listener.port,
         log_level=log_level,
         access_log=False,
-        proxy_headers=False,  # the gateway reads no X-Forwarded-*; uvicorn's middleware costs ~15 µs/request
+        # the gateway reads no X-Forwarded-*; uvicorn's middleware costs ~15 µs/request
+        proxy_headers=False,
         server_header=False,
         lifespan="on",
         loop="asyncio",

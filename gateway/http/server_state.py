@@ -1,0 +1,35 @@
+"""`ServerState`: what the server and all its connections and exchanges share."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from gateway.http.asgi import ASGIApp
+from gateway.http.responses import ErrorRenderer
+
+
+class Closable(Protocol):
+    """What the server does with a connection at shutdown (`HttpConnection`)."""
+
+    def shutdown(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+class ServerState:
+    """What all connections of one server share."""
+
+    __slots__ = ("app", "app_state", "connections", "date_line", "idle_timeout", "loop",
+                 "render_error", "shutting_down", "tasks")
+
+    def __init__(self, app: ASGIApp, loop: asyncio.AbstractEventLoop, idle_timeout: float,
+                 render_error: ErrorRenderer) -> None:
+        self.app = app
+        self.loop = loop
+        self.idle_timeout = idle_timeout
+        self.render_error = render_error  # the body of the server's own error answers
+        self.app_state: dict[str, Any] = {}  # the lifespan's state; each request gets a copy
+        self.connections: set[Closable] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # app calls still running
+        self.date_line = b""  # b"date: ...\r\n", refreshed by the server once a second
+        self.shutting_down = False
