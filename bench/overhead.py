@@ -2,7 +2,8 @@
 the gateway, and (when installed) through vllm-router, in one run.
 
     .venv/bin/python -m bench.overhead [--quick] [--concurrency 1,32,256]
-        [--vllm-router PATH] [--gateway-uvicorn] [--floor] [--rounds 3] [--out bench/results]
+        [--vllm-router PATH] [--gateway-uvicorn] [--floor] [--gateway-compiled TREE]
+        [--gateway-tree LABEL=TREE ...] [--rounds 3] [--out bench/results]
 
 Every server runs in its own process on 127.0.0.1; the load generator is
 this process (aiohttp on uvloop). For every scenario (small / ~400 KB agent
@@ -28,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,9 @@ class Target:
     name: str
     url: str
     proc: Proc | None  # the proxy process whose CPU is measured (None: direct)
+    #: the gateway's `gateway_build_info{compiled}` ("true" / "false"); None when not a gateway
+    compiled: str | None = None
+    tree: Path | None = None  # the source tree it runs from (None: this one, as installed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway-compiled", metavar="TREE", default=None,
                    help="add a row: the same gateway from a compiled tree (mypyc, built in place by "
                         "`python scripts/build_compiled.py TREE`), run from TREE")
+    p.add_argument("--gateway-tree", metavar="LABEL=TREE", action="append", default=[],
+                   help="add a row LABEL: `python -m gateway serve` run from another source tree, e.g. a "
+                        "git worktree of an older commit or a compiled copy of one (builds compared in one "
+                        "run); repeatable")
     p.add_argument("--floor", action="store_true",
                    help="add a row: the gateway's HTTP server and upstream client with no pipeline "
                         "(bench/floor_proxy.py), to split the gateway's CPU into substrate and pipeline")
@@ -92,7 +102,27 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--concurrency: comma-separated integers in 1..1024")
     if not 1 <= args.rounds <= 20:
         p.error("--rounds: an integer in 1..20")
+    args.trees = _parse_trees(p, args.gateway_tree)
     return args
+
+
+_OWN_ROWS = ("direct", "gateway", "gateway-uvicorn", "gateway-compiled", "floor", "vllm-router")
+
+
+def _parse_trees(p: argparse.ArgumentParser, specs: list[str]) -> dict[str, str]:
+    """LABEL → absolute path of each `--gateway-tree` (kept as str: the args go to the manifest)."""
+    trees: dict[str, str] = {}
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            p.error(f"--gateway-tree {spec!r}: expected LABEL=TREE")
+        if label in _OWN_ROWS or label in trees:
+            p.error(f"--gateway-tree {spec!r}: the row name {label!r} is taken")
+        tree = Path(path).resolve()
+        if not (tree / "gateway" / "__main__.py").is_file():
+            p.error(f"--gateway-tree {spec!r}: {tree} holds no gateway package")
+        trees[label] = str(tree)
+    return trees
 
 
 def _budget(args: argparse.Namespace) -> Budget:
@@ -125,8 +155,11 @@ def _start_servers(args: argparse.Namespace, logs: Path, router_bin: str | None,
         targets.append(_start_gateway("gateway-uvicorn", [*launcher, "--server", "uvicorn"], up_url, logs, procs))
     if args.gateway_compiled:
         targets.append(_start_compiled(Path(args.gateway_compiled).resolve(), up_url, logs, procs))
+    for label, tree in args.trees.items():
+        targets.append(_start_tree(label, Path(tree), up_url, logs, procs))
     if args.floor:
-        targets.append(_start_gateway("floor", [sys.executable, "-m", "bench.floor_proxy"], up_url, logs, procs))
+        targets.append(_start_gateway("floor", [sys.executable, "-m", "bench.floor_proxy"], up_url, logs, procs,
+                                      gateway=False))
     if router_bin:
         port, prom = free_port(), free_port()
         router = _spawn(procs, Proc("vllm-router", [
@@ -159,23 +192,51 @@ def _gateway_argv(args: argparse.Namespace) -> list[str]:
 
 def _start_compiled(tree: Path, up_url: str, logs: Path, procs: list[Proc]) -> Target:
     """`python -m gateway serve` run from `tree`, whose compiled modules (built in
-    place) shadow its sources; refuses a tree that holds no compiled pipeline."""
-    if not list((tree / "gateway").glob("pipeline.*.so")):
-        raise SystemExit(f"--gateway-compiled {tree}: no compiled gateway/pipeline there; "
-                         f"build it with `python scripts/build_compiled.py {tree}`")
+    place) shadow its sources; refuses a tree whose gateway does not run compiled."""
+    target = _start_tree("gateway-compiled", tree, up_url, logs, procs)
+    if target.compiled != "true":
+        raise SystemExit(f"--gateway-compiled {tree}: its gateway runs pure Python "
+                         f"(gateway_build_info compiled={target.compiled}); build it with "
+                         f"`python scripts/build_compiled.py {tree}`")
+    return target
+
+
+def _start_tree(name: str, tree: Path, up_url: str, logs: Path, procs: list[Proc]) -> Target:
+    """`python -m gateway serve` run from `tree` (its own sources, and its compiled
+    modules if it was built in place), with this tree's interpreter and packages."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    return _start_gateway("gateway-compiled", [sys.executable, "-m", "gateway", "serve"], up_url, logs, procs,
-                          env=env, cwd=tree)
+    target = _start_gateway(name, [sys.executable, "-m", "gateway", "serve"], up_url, logs, procs,
+                            env=env, cwd=tree)
+    return Target(target.name, target.url, target.proc, target.compiled, tree)
 
 
 def _start_gateway(name: str, argv: list[str], up_url: str, logs: Path, procs: list[Proc],
-                   env: dict[str, str] | None = None, cwd: Path | None = None) -> Target:
+                   env: dict[str, str] | None = None, cwd: Path | None = None,
+                   gateway: bool = True) -> Target:
+    """Start a proxy; a gateway's build (compiled or not) is read from its admin /metrics."""
     port, admin = free_port(), free_port()
     proc = _spawn(procs, Proc(name, [*argv, "--replica", f"vllm={up_url}", "--port", str(port),
                               "--admin-port", str(admin)], logs / f"{name}.log", env=env, cwd=cwd))
     url = f"http://127.0.0.1:{port}"
     wait_http_ok(url + "/readyz", proc, 40)
-    return Target(name, url, proc)
+    return Target(name, url, proc, _compiled_flag(f"http://127.0.0.1:{admin}/metrics") if gateway else None)
+
+
+def _compiled_flag(metrics_url: str) -> str | None:
+    """`compiled` of the gateway's `gateway_build_info`, or None (no such metric;
+    the admin listener may come up a moment after the public one)."""
+    text = ""
+    for _ in range(50):
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=5.0) as resp:
+                text = resp.read().decode()
+            break
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    for line in text.splitlines():
+        if line.startswith("gateway_build_info{") and 'compiled="' in line:
+            return line.split('compiled="', 1)[1].split('"', 1)[0]
+    return None
 
 
 def _spawn(procs: list[Proc], proc: Proc) -> Proc:
@@ -233,11 +294,18 @@ async def _run_all(args: argparse.Namespace, targets: list[Target], upstream: Pr
         for conc in args.concurrency_list:
             for row in await _measure_cell(targets, Scenario(name, body, stream, conc), budget, upstream):
                 rows.append(row)
-                print(f"{name:10s} c={conc:<4d} {row['target']:14s} {row['rps']:9.1f} req/s  "
+                print(f"{name:10s} c={conc:<4d} {row['target']:16s} {row['rps']:9.1f} req/s  "
                       f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  "
                       f"proxy {row['proxy_cpu_us_per_req']} us/req  errors {row['errors']}  "
                       f"unfinished {row['unfinished']}", flush=True)
     return rows
+
+
+def _build_of(target: Target) -> dict[str, Any]:
+    tree = target.tree or ROOT
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, timeout=10, check=False).stdout.strip()
+    return {"compiled": target.compiled, "tree": str(tree), "commit": commit or None}
 
 
 def _install_uvloop() -> None:
@@ -268,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         targets = _start_servers(args, logs, router_bin, procs)
         upstream = procs[0]
         meta = manifest(args, router_bin, {t.name: t.url for t in targets})
+        meta["builds"] = {t.name: _build_of(t) for t in targets if t.compiled is not None}
+        for name, build in meta["builds"].items():
+            print(f"{name}: compiled={build['compiled']} from {build['tree']} ({build['commit']})", flush=True)
         _install_uvloop()
         rows = asyncio.run(_run_all(args, targets, upstream))
     finally:

@@ -144,6 +144,27 @@ def _f(x: Any) -> str:
     return str(x)
 
 
+def _cpu_by_target(rows: list[dict[str, Any]]) -> list[str]:
+    """Proxy CPU per request (streams: also per chunk), one column per target: the
+    builds of one run side by side (e.g. `--gateway-tree` rows of an older commit)."""
+    targets = list(dict.fromkeys(r["target"] for r in rows if r["target"] != "direct"))
+    cells = list(dict.fromkeys((r["scenario"], r["concurrency"]) for r in rows))
+    idx = _index(rows)
+    lines = ["", "## Proxy CPU per request by target (µs; streams: µs/req / µs/chunk)", "",
+             "| scenario | c | " + " | ".join(targets) + " |",
+             "|---|---:|" + "---:|" * len(targets)]
+    for scenario, conc in cells:
+        values = []
+        for target in targets:
+            row = idx.get((scenario, conc, target), {})
+            value = _f(row.get("proxy_cpu_us_per_req"))
+            if row.get("stream"):
+                value += f" / {_f(row.get('proxy_cpu_us_per_chunk'))}"
+            values.append(value)
+        lines.append(f"| {scenario} | {conc} | " + " | ".join(values) + " |")
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     m = result["manifest"]
     lines = [f"# Gateway overhead ({m['date']})", "",
@@ -152,6 +173,10 @@ def markdown(result: dict[str, Any]) -> str:
              ("| scenario | c | target | req/s | p50 ms | p99 ms | +p50 ms | +p99 ms | chunks/s "
               "| proxy CPU µs/req | µs/chunk | proxy cores | errors | unfinished |"),
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if m.get("builds"):
+        builds = "; ".join(f"{name}: compiled={b['compiled']}, {b['tree']} ({b['commit'] or 'no git'})"
+                           for name, b in m["builds"].items())
+        lines[4:4] = [f"Gateway builds: {builds}.", ""]
     added = {(a["scenario"], a["concurrency"], a["target"]): a for a in result["summary"]["vs_direct"]}
     for r in result["rows"]:
         a = added.get((r["scenario"], r["concurrency"], r["target"]), {})
@@ -167,6 +192,7 @@ def markdown(result: dict[str, Any]) -> str:
         cells = [v["scenario"], v["concurrency"], v["target"], v["cpu_per_req_ratio"],
                  v.get("cpu_per_chunk_ratio"), v.get("marginal_cpu_per_chunk_ratio"), v["rps_ratio"]]
         lines.append("| " + " | ".join(_f(c) for c in cells) + " |")
+    lines += _cpu_by_target(result["rows"])
     lines += ["", "## Targets", ""]
     for t in result["summary"]["targets"]:
         lines.append(f"- {'MET' if t['met'] else 'MISSED'}: {t['target']}, {t['row']} — measured {_f(t['value'])}")

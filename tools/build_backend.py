@@ -1,13 +1,10 @@
-"""PEP 517 build backend: setuptools' own, plus mypy (which ships mypyc), type
-stubs and the runtime dependencies in the isolated build environment of a
-regular wheel build, for the compiled build of the request path (setup.py):
+"""PEP 517 build backend: setuptools' own, plus, when the compiled build is
+asked for, mypy (which ships mypyc), type stubs and the runtime dependencies in
+the isolated build environment of a regular wheel build (setup.py):
 
-    pip install .                       # compiled when a C compiler is there (GATEWAY_COMPILE=auto)
-    GATEWAY_COMPILE=1 pip install .     # compiled, or fail
-    GATEWAY_COMPILE=0 pip install .     # pure Python; no mypy needed
+    pip install .                       # pure Python (the default); no mypy needed
+    GATEWAY_COMPILE=1 pip install .     # the compiled modules (mypyc), or fail
     pip install -e .                    # always pure Python
-
-An editable build never needs mypy.
 """
 
 from __future__ import annotations
@@ -19,12 +16,12 @@ from pathlib import Path
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # every other hook is setuptools' own
 
-#: The mypyc the compiled build is tested with (scripts/test runs the suite on it).
+#: The mypyc the compiled build is tested with (scripts/test's second pass).
 MYPYC_REQUIREMENT = "mypy==2.4.1"
 
 
 def _compiling() -> bool:
-    return os.environ.get("GATEWAY_COMPILE", "auto").strip() != "0"
+    return os.environ.get("GATEWAY_COMPILE", "").strip() == "1"
 
 
 def _compile_requirements() -> list[str]:
