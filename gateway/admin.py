@@ -1,8 +1,13 @@
-"""Admin listener (separate port, loopback by default): metrics and replica state."""
+"""Admin listener (separate port, loopback by default): metrics and replica state.
+
+It reads the gateway through the narrow view below (`gateway.app.Gateway`
+satisfies it), so this module knows nothing of how the gateway is wired.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -11,12 +16,56 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config.decode import ConfigError
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+from gateway.observability.metrics import GatewayMetrics
 
 
-def build_admin_app(gw: Gateway) -> Starlette:
+class ReplicaView(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def in_flight(self) -> int: ...
+    def describe(self) -> dict[str, Any]: ...
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class PolicySetView(Protocol):
+    @property
+    def policies(self) -> Sequence[Named]: ...
+    def describe(self) -> list[dict[str, Any]]: ...
+
+
+class PolicyView(Protocol):
+    @property
+    def policies(self) -> PolicySetView: ...
+    def reload(self) -> PolicySetView:
+        """The new set; ConfigError (the current set stays) when it is invalid."""
+        ...
+
+
+class AdmissionView(Protocol):
+    def describe(self) -> dict[str, Any]: ...
+
+
+class AdminView(Protocol):
+    """What the admin routes read of a running gateway."""
+
+    @property
+    def registry(self) -> Iterable[ReplicaView]: ...
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+    @property
+    def admission(self) -> AdmissionView: ...
+    @property
+    def policy(self) -> PolicyView: ...
+
+
+def build_admin_app(gw: AdminView) -> Starlette:
     async def metrics(request: Request) -> Response:
         for r in gw.registry:
             gw.metrics.replica_healthy.labels(r.name).set(1 if r.healthy else 0)

@@ -15,9 +15,10 @@ from typing import Any
 import yaml
 
 from gateway import buildinfo
-from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config, load_config
 from gateway.config.decode import ConfigError
+from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config, load_config
 from gateway.http.serving import Listener, run, serve_all, tune_gc
+from gateway.scheduling.validate import validate as validate_scheduling
 
 
 def _replica_arg(value: str) -> ReplicaConfig:
@@ -61,8 +62,15 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _load_config(path: str) -> GatewayConfig:
+    """The config file decoded and checked, plugin specs included (ConfigError if not valid)."""
+    cfg = load_config(path)
+    validate_scheduling(cfg.scheduling)
+    return cfg
+
+
 def _serve_config(args: argparse.Namespace) -> GatewayConfig:
-    cfg = load_config(args.config) if args.config else GatewayConfig()
+    cfg = _load_config(args.config) if args.config else GatewayConfig()
     listen = cfg.listen
     listen = dataclasses.replace(
         listen,
@@ -93,8 +101,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return 1
-    listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port, server=cfg.listen.server),
-                 Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
+    listeners = gw.listeners()
     print(f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
           f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port}); {buildinfo.describe()}", flush=True)
     run(_serve_reloading(gw, listeners, cfg.log_level))
@@ -116,7 +123,7 @@ async def _serve_reloading(gw: Any, listeners: list[Listener], log_level: str) -
 
 def _cmd_check(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.file)
+        cfg = _load_config(args.file)
         from gateway.policy.stage import check_policies
 
         policies = check_policies(cfg)

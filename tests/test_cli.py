@@ -103,3 +103,16 @@ def test_serve_flags_override_the_config_file_and_keep_its_other_listen_keys(tmp
                                                "--port", "8282"]))
     assert (flagged.listen.server, flagged.listen.port, flagged.listen.admin_host) == ("lean", 8282, "127.0.0.2")
     assert _serve_config(parser.parse_args(["serve", "--replica", "http://127.0.0.1:9"])).listen.server == "lean"
+
+
+def test_serve_refuses_plugin_specs_the_registry_does_not_know(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "gw.yaml"
+    cfg_file.write_text("replicas:\n  - url: http://127.0.0.1:9\n"
+                        "scheduling:\n  plugins: [{name: x, type: nope}]\n"
+                        "  profiles: [{name: p, picker: x}]\n  policy: p\n")
+    result = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(cfg_file)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("config error:\n")
+    assert "scheduling: plugins[0].type: unknown plugin type 'nope'" in result.stderr
+    assert "profiles[0].picker: no plugin named 'x' is defined" in result.stderr

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.schema import GatewayConfig, load_config, parse_config
 from gateway.config.decode import ConfigError
+from gateway.config.schema import GatewayConfig, load_config, parse_config
+from gateway.scheduling.validate import check
 
 
 def problems(data: object) -> list[str]:
@@ -99,8 +100,31 @@ def test_check_config_cli_prints_effective_config_with_secrets_masked(tmp_path: 
     assert "first_byte_s: 600.0" in result.stdout
 
 
+def test_check_config_cli_checks_plugin_specs_against_the_registry(tmp_path: Path) -> None:
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text("scheduling:\n  policy: p\n  profiles:\n    - {name: p, picker: least-load}\n"
+                   "  plugins:\n    - {name: least-load, type: least-load, parameters: {bogus: 1}}\n")
+    result = _check_config(cfg)
+    assert result.returncode == 1
+    assert "scheduling: plugins[0].parameters.bogus: unknown key" in result.stderr
+    assert "profiles[0].picker: plugin 'least-load' is a scorer, expected a picker" in result.stderr
+
+
+def test_config_is_plain_data_and_imports_no_plugins() -> None:
+    # Decoding checks the shape; the plugin registry checks the specs (at startup).
+    cfg = parse_config({"scheduling": {"plugins": [{"name": "x", "type": "nope"}], "policy": "x"}})
+    assert cfg.scheduling.plugins[0].type == "nope"
+    code = ("import sys, gateway.config.schema; "
+            "print(sorted(m for m in sys.modules if m.startswith('gateway.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            check=True).stdout
+    assert "gateway.config.schema" in loaded
+    assert "gateway.scheduling" not in loaded
+
+
 def test_shipped_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_API_KEY", "x")
     cfg = load_config(Path(__file__).parent.parent / "config" / "gateway.yaml")
     assert isinstance(cfg, GatewayConfig)
+    assert check(cfg.scheduling) == []
     assert [r.kind for r in cfg.replicas] == ["vllm", "vllm", "llamacpp"]

@@ -1,0 +1,9 @@
+"""Configuration as plain data: frozen dataclasses decoded strictly from YAML.
+
+- `decode`      strict decoding with key paths in every error, `ConfigError`
+- `schema`      the gateway config (`GatewayConfig`), `load_config`, `parse_config`
+- `scheduling`  the routing section: plugin specs, profiles, the active policy
+
+Nothing here imports the rest of the gateway (tests/test_architecture.py):
+plugin specs are checked against the registry by `gateway.scheduling.validate`.
+"""

@@ -1,9 +1,13 @@
 """Gateway configuration: YAML + CLI + environment → frozen dataclasses.
 
-Loading is strict (see `gateway.configtools`): unknown keys, wrong types and
+Loading is strict (see `gateway.config.decode`): unknown keys, wrong types and
 bad values fail at startup with the dotted path of the offending key. Secrets
 are given as `${ENV_VAR}` references and are masked when the effective config
 is printed. The full reference is `config/README.md`.
+
+Plain data: nothing here imports the plugins the config names; the
+scheduling section's plugin specs are checked against the registry by
+`gateway.scheduling.validate` (at startup and when the router is built).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from gateway.config.decode import ConfigError, decode, to_plain
-from gateway.scheduling.config import SchedulingConfig
+from gateway.config.scheduling import SchedulingConfig
 
 EngineKind = Literal["auto", "vllm", "llamacpp"]
 
@@ -109,7 +113,7 @@ class LimitsConfig:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
-    """The shared upstream HTTP/1.1 client's keep-alive pool (gateway.httpclient)."""
+    """The shared upstream HTTP/1.1 client's keep-alive pool (gateway.http.client)."""
 
     max_connections: int = 10000
     max_connections_per_replica: int = 0

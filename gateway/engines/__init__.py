@@ -2,7 +2,7 @@
 
 Engine-specific shapes are translated here, at the adapter boundary, and
 nowhere else. Metrics parsing and capacity discovery live next to these
-adapters (`gateway.engines.metrics`).
+adapters (`gateway.engines.readings`).
 """
 
 from __future__ import annotations

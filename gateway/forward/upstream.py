@@ -1,4 +1,4 @@
-"""The one shared upstream HTTP client (`gateway.httpclient`, chosen by measurement).
+"""The one shared upstream HTTP client (`gateway.http.client`, chosen by measurement).
 
 A keep-alive HTTP/1.1 pool on asyncio Protocols + httptools: a proxied small
 request costs well under half the CPU of aiohttp's ClientSession here, and

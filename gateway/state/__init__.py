@@ -3,8 +3,10 @@
 `StateStore` offers one atomic primitive, all-or-nothing `reserve` over
 several counters with limits, plus `settle` (commit the actual amounts,
 release the rest) and `release`. Budgets, rate limits, concurrency limits
-and the admission ledger are all built on it, so the in-process store and
-the Redis store (one Lua script per operation) behave identically.
+and the admission ledger are all built on it. One implementation exists
+today: the in-process `MemoryStateStore`; a store shared by several gateway
+instances (Redis, one Lua script per operation) would implement the same
+protocol.
 """
 
 from __future__ import annotations

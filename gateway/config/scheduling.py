@@ -1,0 +1,164 @@
+"""Scheduling (routing) configuration: plugins, profiles, and the active policy.
+
+    scheduling:
+      policy: default              # a profile name, or a baseline: round-robin | least-load | session-hash
+      plugins:                     # omit for the built-in set (one instance per type, named by type)
+        - {name: ttft, type: estimated-ttft, parameters: {smoothing_tokens: 4096}}
+      profiles:                    # omit for the built-in `default` profile
+        - name: default
+          filters: [healthy, admissible]
+          scorers: [{plugin: ttft, weight: 1.0}]
+          picker: max-score
+
+Plain data: decoding checks the scalars and the shape (a missing weight is a
+required key). What needs the plugin registry (unknown type, bad parameters,
+duplicate names, dangling or wrong-kind references, unknown policy) is
+checked by `gateway.scheduling.validate`, at startup and whenever a router
+is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+BASELINES = ("round-robin", "least-load", "session-hash")
+
+DEFAULT_PROFILE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSpec:
+    """One configured plugin instance: a unique name, a registered type, its parameters."""
+
+    name: str
+    type: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerRef:
+    """A scorer used by a profile, with its weight (required: no silent default)."""
+
+    plugin: str
+    weight: float
+
+    def __post_init__(self) -> None:
+        if not self.weight >= 0:
+            raise ValueError(f"weight must be >= 0, got {self.weight}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSpec:
+    """Filters narrow the candidates, weighted scorers rank them, one picker orders them."""
+
+    name: str
+    picker: str
+    filters: tuple[str, ...] = ()
+    scorers: tuple[ScorerRef, ...] = ()
+
+
+#: The built-in plugin instances (used when the config names none): one per type, named by type.
+BUILTIN_PLUGINS: tuple[PluginSpec, ...] = (
+    PluginSpec("healthy", "healthy"),
+    PluginSpec("admissible", "admissible"),
+    PluginSpec("estimated-ttft", "estimated-ttft"),
+    PluginSpec("prefix-affinity", "prefix-affinity"),
+    PluginSpec("session-affinity", "session-affinity"),
+    PluginSpec("kv-headroom", "kv-headroom"),
+    PluginSpec("queue-depth", "queue-depth"),
+    PluginSpec("least-load", "least-load"),
+    PluginSpec("max-score", "max-score"),
+    PluginSpec("random-weighted", "random-weighted"),
+)
+
+#: The `default` profile (used when the config names none).
+BUILTIN_PROFILES: tuple[ProfileSpec, ...] = (
+    ProfileSpec(
+        name=DEFAULT_PROFILE,
+        picker="max-score",
+        filters=("healthy", "admissible"),
+        scorers=(
+            ScorerRef("estimated-ttft", 1.0),
+            ScorerRef("prefix-affinity", 1.0),
+            ScorerRef("session-affinity", 1.0),
+            ScorerRef("kv-headroom", 0.2),
+            ScorerRef("least-load", 0.2),
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HotspotConfig:
+    """A replica is hot (loses prefix and session affinity: it competes as if
+    it cached nothing) when its queued prefill work is at least
+    `backlog_tokens` AND `backlog_ratio` × the others' mean, or its requests in
+    flight at least `in_flight` AND `in_flight_ratio` × the others' mean, or
+    its KV use at least `kv_fraction` AND `kv_ratio` × the others' mean."""
+
+    backlog_tokens: int = 65536
+    backlog_ratio: float = 2.0
+    in_flight: int = 12
+    in_flight_ratio: float = 2.0
+    kv_fraction: float = 0.9
+    kv_ratio: float = 1.3
+
+    def __post_init__(self) -> None:
+        if self.backlog_tokens < 0 or self.in_flight < 0:
+            raise ValueError("backlog_tokens and in_flight must be >= 0")
+        if self.backlog_ratio < 1 or self.kv_ratio < 1 or self.in_flight_ratio < 1:
+            raise ValueError("backlog_ratio, in_flight_ratio and kv_ratio must be >= 1")
+        if not 0 < self.kv_fraction <= 1:
+            raise ValueError(f"kv_fraction must be in (0, 1], got {self.kv_fraction}")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingConfig:
+    policy: str = DEFAULT_PROFILE
+    #: Prefix block size in bytes of the canonical prompt (~256 tokens of English).
+    block_bytes: int = 1024
+    #: Bytes per token, used when the policy stage has not counted the prompt.
+    chars_per_token: float = 4.0
+    #: Prefix index / session memory entries expire after this long.
+    index_ttl_s: float = 600.0
+    #: KV capacity of a replica when neither the engine nor the replica config says.
+    default_capacity_tokens: int = 262144
+    #: Prefill rate (tokens/s) of a replica until the engine's is measured.
+    default_prefill_rate: float = 10000.0
+    #: A replica's prefill rate counts at most this many times above/below the candidates' median.
+    max_rate_spread: float = 2.0
+    #: Bounded-load hashing: a new session's replica holds at most this × the mean sessions.
+    session_load_factor: float = 1.15
+    max_sessions: int = 100000
+    #: llama.cpp slots per replica when the engine state does not list them (None: no pinning).
+    llamacpp_slots: int | None = None
+    hotspot: HotspotConfig = field(default_factory=HotspotConfig)
+    plugins: tuple[PluginSpec, ...] = ()
+    profiles: tuple[ProfileSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        problems = _check_scalars(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def effective_plugins(self) -> tuple[PluginSpec, ...]:
+        return self.plugins or BUILTIN_PLUGINS
+
+    def effective_profiles(self) -> tuple[ProfileSpec, ...]:
+        return self.profiles or BUILTIN_PROFILES
+
+
+def _check_scalars(cfg: SchedulingConfig) -> list[str]:
+    problems: list[str] = []
+    positive = {"block_bytes": cfg.block_bytes, "chars_per_token": cfg.chars_per_token,
+                "index_ttl_s": cfg.index_ttl_s, "default_capacity_tokens": cfg.default_capacity_tokens,
+                "default_prefill_rate": cfg.default_prefill_rate, "max_sessions": cfg.max_sessions}
+    problems += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if not v > 0]
+    if cfg.max_rate_spread < 1:
+        problems.append(f"max_rate_spread: must be >= 1, got {cfg.max_rate_spread}")
+    if cfg.session_load_factor < 1:
+        problems.append(f"session_load_factor: must be >= 1, got {cfg.session_load_factor}")
+    if cfg.llamacpp_slots is not None and cfg.llamacpp_slots < 1:
+        problems.append(f"llamacpp_slots: must be >= 1, got {cfg.llamacpp_slots}")
+    return problems
