@@ -12,7 +12,7 @@ from typing import Literal, cast
 
 from gateway.app import create_app
 from gateway.config.schema import GatewayConfig, ListenConfig, ReplicaConfig
-from gateway.http.serving import Listener, run, serve_all, tune_gc
+from gateway.http.serving import run, serve_all, tune_gc
 
 
 def main() -> None:
@@ -29,8 +29,7 @@ def main() -> None:
                         replicas=(ReplicaConfig(url=url, kind=engine),))
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     gw = create_app(cfg)
-    listeners = [Listener(gw.public_app, cfg.listen.host, cfg.listen.port, server=server),
-                 Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)]
+    listeners = gw.listeners()
 
     async def main_coro() -> None:
         tune_gc()

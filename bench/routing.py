@@ -47,7 +47,7 @@ from gateway.config.schema import (
     TimeoutsConfig,
 )
 from gateway.scheduling.config import SchedulingConfig
-from gateway.http.serving import BackgroundServers, Listener, free_port
+from gateway.http.serving import BackgroundServers, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -200,8 +200,7 @@ def run_one(args: argparse.Namespace, urls: list[str], policy: str, workload: st
     sim = Sim(args.speed, args.kv_tokens)
     cfg = gateway_config(urls, policy, sim)
     gw = create_app(cfg)
-    servers = BackgroundServers([Listener(gw.public_app, cfg.listen.host, cfg.listen.port),
-                                 Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port)])
+    servers = BackgroundServers(gw.listeners())
 
     async def go() -> dict[str, Any]:
         conn = aiohttp.TCPConnector(limit=256)

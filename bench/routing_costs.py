@@ -13,7 +13,8 @@ from starlette.datastructures import Headers
 
 from bench.routing_workloads import words
 from gateway.config.schema import ReplicaConfig
-from gateway.pipeline.context import RequestContext
+from gateway.deadlines.client import ClientDeadlines
+from gateway.pipeline.context import Parsed, RequestContext
 from gateway.scheduling.prefix import prefix_blocks
 from gateway.ingress.protocol import parse_request, prompt_parts
 from gateway.replicas.registry import Replica
@@ -66,12 +67,12 @@ def _rank_cost(raw: bytes) -> dict[str, float]:
 
     def ctx() -> RequestContext:
         c = RequestContext(request_id="x", endpoint="chat", path="/", headers=Headers({}), received_at=0.0)
-        c.request = parse_request("chat", raw)
-        c.session_key = "s"
+        c.parsed = Parsed(parse_request("chat", raw), "s", ClientDeadlines())
         return c
 
     warm = ctx()
-    router.on_routed(warm, router.rank(warm, replicas)[0])
+    ranking = router.rank(warm, replicas)
+    router.on_routed(warm, ranking, ranking.replicas[0])
     contexts = [ctx() for _ in range(60)]
     it = iter(contexts)
     return _median_us(lambda: router.rank(next(it), replicas), repeat=60)

@@ -27,7 +27,8 @@ from gateway.ingress.auth import Authenticator
 from gateway.policy.budgets import Budgets
 from gateway.config.schema import GatewayConfig
 from gateway.pipeline.endpoint import CompletionsEndpoint, PublicApp
-from gateway.errors import GatewayError, NotFound, error_response
+from gateway.errors import GatewayError, NotFound, error_response, render_server_error
+from gateway.http.serving import Listener
 from gateway.ingress.stage import Ingress
 from gateway.observability.metrics import GatewayMetrics
 from gateway.pipeline.pipeline import Pipeline, Stages
@@ -72,6 +73,13 @@ class Gateway:
         self.public_app = self._build_public_app()
         self.admin_app = build_admin_app(self)
 
+    def listeners(self) -> list[Listener]:
+        """The public and admin listeners `config.listen` describes (the public
+        one answers its own HTTP errors in the gateway's error shape)."""
+        lc = self.config.listen
+        return [Listener(self.public_app, lc.host, lc.port, server=lc.server, render_error=render_server_error),
+                Listener(self.admin_app, lc.admin_host, lc.admin_port)]
+
     def new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
 
@@ -91,15 +99,19 @@ class Gateway:
 
     def _build_public_app(self) -> PublicApp:
         routes = [
-            Route("/v1/chat/completions", CompletionsEndpoint("chat", self), methods=["POST"]),
-            Route("/v1/completions", CompletionsEndpoint("completions", self), methods=["POST"]),
+            Route("/v1/chat/completions", self._endpoint("chat"), methods=["POST"]),
+            Route("/v1/completions", self._endpoint("completions"), methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
         ]
-        handlers: dict[Any, Any] = {HTTPException: _http_exception}
+        handlers: dict[Any, Any] = {HTTPException: _http_exception, Exception: _internal_error}
         app = Starlette(routes=routes, lifespan=self.lifespan, exception_handlers=handlers)
         return PublicApp(app, {"/v1/chat/completions": routes[0].app, "/v1/completions": routes[1].app})
+
+    def _endpoint(self, name: str) -> CompletionsEndpoint:
+        return CompletionsEndpoint(name, self.pipeline, self.new_request_id,
+                                   self.config.limits.max_body_bytes, self.metrics)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": self.registry.models()})
@@ -122,6 +134,11 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     else:
         err = NotFound(f"Unknown path: {request.method} {request.url.path}.", status=exc.status_code)
     return error_response(err)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette re-raises `exc` after this answer: the server logs it.
+    return error_response(GatewayError("Internal server error"))
 
 
 def create_app(cfg: GatewayConfig) -> Gateway:

@@ -54,8 +54,7 @@ def run_demo(args: argparse.Namespace) -> int:
             for i, p in enumerate(sim_ports)]
     cfg = demo_config(args, sim_ports)
     gw = create_app(cfg)
-    listeners = sims + [Listener(gw.public_app, "127.0.0.1", args.port, server="lean"),
-                        Listener(gw.admin_app, "127.0.0.1", args.admin_port)]
+    listeners = sims + gw.listeners()
     print(_EXAMPLE.format(port=args.port, admin=args.admin_port, n=args.replicas,
                           ports=", ".join(map(str, sim_ports)), build=buildinfo.describe()), flush=True)
     try:

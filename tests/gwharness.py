@@ -18,7 +18,7 @@ import openai
 
 from gateway.app import Gateway, create_app
 from gateway.config.schema import GatewayConfig, HealthConfig, ListenConfig, ReplicaConfig
-from gateway.http.serving import BackgroundServers, Listener, free_port
+from gateway.http.serving import BackgroundServers, free_port
 
 FAST_HEALTH = HealthConfig(interval_s=0.2, timeout_s=1.0, unhealthy_after=1, healthy_after=1)
 
@@ -72,10 +72,7 @@ def running_gateway(replica_urls: Sequence[str | ReplicaConfig] = (), *, config:
     cfg = config if config is not None else make_config(replica_urls, **overrides)
     gw = create_app(cfg)
     host = cfg.listen.host
-    servers = BackgroundServers([
-        Listener(gw.public_app, host, cfg.listen.port, server=cfg.listen.server),
-        Listener(gw.admin_app, cfg.listen.admin_host, cfg.listen.admin_port),
-    ])
+    servers = BackgroundServers(gw.listeners())
     with servers:
         yield RunningGateway(gw, f"http://{host}:{cfg.listen.port}",
                              f"http://{cfg.listen.admin_host}:{cfg.listen.admin_port}", servers)

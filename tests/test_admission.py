@@ -17,16 +17,13 @@ from gateway.pipeline.context import RequestContext
 from gateway.engines.readings import EngineReading
 from gateway.errors import BadRequest, Overloaded
 from gateway.replicas.registry import Replica, ReplicaRegistry
+from tests.ctxkit import make_ctx
 
 CAP = 10_000
 
 
 def ctx(prompt: int = 1000, output: int = 1000, cls: str = "standard", timeout: float = 60.0) -> RequestContext:
-    c = RequestContext("r", "chat", "/v1/chat/completions", headers=None,  # type: ignore[arg-type]
-                       received_at=time.monotonic())
-    c.prompt_tokens, c.output_limit, c.priority = prompt, output, cls
-    c.deadline = time.monotonic() + timeout
-    return c
+    return make_ctx(prompt=prompt, output=output, priority=cls, deadline_in=timeout)
 
 
 def sync(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
@@ -164,7 +161,7 @@ async def test_cancelled_waiter_leaves_the_queue_at_once() -> None:
         h.gates["first"].set()
         await settle()
         assert h.order == ["first"]
-        assert reps[0].state.in_flight == 0 and reps[0].state.leased_tokens == 0
+        assert reps[0].live.in_flight == 0 and reps[0].live.leased_tokens == 0
 
 
 @sync
@@ -189,11 +186,11 @@ async def test_fresh_metrics_wake_the_queue() -> None:
     ctl, reps = setup()
     r = reps[0]
     t = ctl.trackers[r.name]
-    r.state = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=9500), time.monotonic())
+    r.live = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=9500), time.monotonic())
     task = asyncio.get_running_loop().create_task(_acquire_once(ctl, reps, ctx(1000, 1000)))
     await settle()
     assert len(ctl.queue) == 1  # external traffic fills the engine
-    r.state = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=1000), time.monotonic())
+    r.live = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=1000), time.monotonic())
     ctl.on_update(r)
     assert await asyncio.wait_for(task, 5) == "r0"
 
@@ -210,14 +207,15 @@ async def test_first_byte_ends_the_prefill_claim() -> None:
     ctl, reps = setup(cfg)
     c1 = ctx(900, 10)
     async with ctl.acquire(c1, reps):
-        assert reps[0].state.prefill_backlog_tokens == 900
+        assert reps[0].live.prefill_backlog_tokens == 900
         assert not ctl.can_admit(ctx(500, 10), reps[0])  # 1400 > 1 s × 1000 tok/s
-        c1.mark_first_byte(time.monotonic())
+        assert c1.admission.on_first_byte is not None
+        c1.admission.on_first_byte()  # the forwarder calls it when the first byte arrives
         await settle()
-        assert reps[0].state.prefill_backlog_tokens == 0
+        assert reps[0].live.prefill_backlog_tokens == 0
         assert ctl.can_admit(ctx(500, 10), reps[0])
-        assert reps[0].state.leased_tokens == 910
-    assert reps[0].state.leased_tokens == 0 and reps[0].in_flight == 0
+        assert reps[0].live.leased_tokens == 910
+    assert reps[0].live.leased_tokens == 0 and reps[0].in_flight == 0
 
 
 @sync
@@ -233,7 +231,7 @@ async def test_disabled_admission_takes_first_healthy_and_counts() -> None:
     reps[0].healthy = False
     async with ctl.acquire(ctx(4000, 4000), reps) as a, ctl.acquire(ctx(4000, 4000), reps) as b:
         assert a.replica is b.replica is reps[1]
-        assert reps[1].in_flight == 2 and reps[1].state.in_flight == 2
+        assert reps[1].in_flight == 2 and reps[1].live.in_flight == 2
     assert reps[1].in_flight == 0
 
 
@@ -260,4 +258,4 @@ async def test_lease_granted_to_a_waiter_cancelled_at_the_same_moment_is_returne
         await settle()
         assert waiter.cancelled() and h.order == []
     await cm.__aexit__(None, None, None)
-    assert reps[0].state.in_flight == 0 and reps[0].state.leased_tokens == 0 and reps[0].in_flight == 0
+    assert reps[0].live.in_flight == 0 and reps[0].live.leased_tokens == 0 and reps[0].in_flight == 0

@@ -18,6 +18,7 @@ from gateway.engines.readings import EngineReading
 from gateway.admission.ledger import Lease, SharedLease, keys
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.state import MemoryStateStore
+from tests.ctxkit import make_ctx
 
 CAP = 10_000
 MAX_IN_FLIGHT = 6
@@ -25,9 +26,7 @@ CFG = AdmissionConfig(max_in_flight=MAX_IN_FLIGHT, max_engine_waiting=None)
 
 
 def _ctx(prompt: int, output: int, cls: str) -> RequestContext:
-    ctx = RequestContext("r", "chat", "/v1/chat/completions", headers=None, received_at=0.0)  # type: ignore[arg-type]
-    ctx.prompt_tokens, ctx.output_limit, ctx.priority, ctx.deadline = prompt, output, cls, 1e9
-    return ctx
+    return make_ctx(prompt=prompt, output=output, priority=cls, deadline_in=1e9, received_at=0.0)
 
 
 class SharedMemoryStore(MemoryStateStore):
@@ -82,7 +81,7 @@ class LedgerMachine(RuleBasedStateMachine):
         replica = self.registry.get(name)
         assert replica is not None
         t = self.ctl.trackers[name]
-        replica.state = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=int(frac * CAP)), self.now)
+        replica.live = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=int(frac * CAP)), self.now)
 
     @rule(dt=st.floats(0, 5))
     def time_passes(self, dt: float) -> None:
@@ -92,7 +91,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def never_over_capacity(self) -> None:
         for r in self.registry:
             mine = [x for x in self.held if x.replica is r]
-            kv, prefill, inflight = r.state.leased_tokens, r.state.prefill_backlog_tokens, r.state.in_flight
+            kv, prefill, inflight = r.live.leased_tokens, r.live.prefill_backlog_tokens, r.live.in_flight
             if self.store.shared:
                 assert self.run(self.store.get(keys(r.name))) == [kv, prefill, inflight]
             else:
@@ -110,7 +109,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.run(lease.close())
         for r in self.registry:
             assert self.run(self.store.get(keys(r.name))) == [0, 0, 0]
-            assert (r.state.leased_tokens, r.state.prefill_backlog_tokens, r.state.in_flight) == (0, 0, 0)
+            assert (r.live.leased_tokens, r.live.prefill_backlog_tokens, r.live.in_flight) == (0, 0, 0)
         assert self.store.live_reservations == 0
         self.loop.close()
 

@@ -15,11 +15,12 @@ from starlette.datastructures import Headers
 
 from gateway.policy.budgets import Budgets
 from gateway.config.schema import GatewayConfig, TenantConfig
-from gateway.pipeline.context import RequestContext
+from gateway.pipeline.context import Exchange, RequestContext
 from gateway.errors import RateLimited
 from gateway.policy.policyset import Policy, SessionSpec
 from gateway.sim.cluster import SimCluster
 from gateway.state import Claim, MemoryStateStore
+from tests import ctxkit
 from tests.gwharness import running_gateway
 
 
@@ -33,12 +34,7 @@ class FakeClock:
 
 def make_ctx(*, tenant: str | None = None, session: str | None = None, policy: Policy | None = None,
              prompt: int = 10, output: int = 20) -> RequestContext:
-    ctx = RequestContext(request_id="r", endpoint="chat", path="/v1/chat/completions",
-                         headers=Headers({}), received_at=time.monotonic())
-    ctx.tenant, ctx.session_key, ctx.policy = tenant, session, policy
-    ctx.prompt_tokens, ctx.output_limit = prompt, output
-    ctx.deadline = time.monotonic() + 60
-    return ctx
+    return ctxkit.make_ctx(tenant=tenant, session=session, policy=policy, prompt=prompt, output=output)
 
 
 def session_policy(**kw: Any) -> Policy:
@@ -124,11 +120,11 @@ def test_session_tokens_settle_with_usage() -> None:
     async def run() -> list[int]:
         ctx = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with budgets.reserve(ctx):
-            ctx.upstream_status = 200
-            ctx.usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+            ctx.exchange = Exchange(sent_at=0.0, status=200,
+                                    usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
         cut = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with budgets.reserve(cut):
-            cut.upstream_status = 200  # stream cut before usage: the reservation is kept
+            cut.exchange = Exchange(sent_at=0.0, status=200)  # stream cut before usage: the reservation is kept
         never = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with budgets.reserve(never):
             pass  # never reached an engine: nothing is charged

@@ -83,7 +83,7 @@ def test_disconnect_after_last_byte_lets_settling_finish() -> None:
 
         async def work() -> None:
             nonlocal settled
-            ctx.response_complete = True
+            ctx.response.complete = True
             client.gone.set()
             await asyncio.sleep(0.1)  # settling (lease release, budget settle) after the last byte
             settled = True

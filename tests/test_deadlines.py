@@ -14,12 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from gateway.deadlines import deadline as deadlines
 from gateway.config.schema import GatewayConfig, TimeoutsConfig
-from gateway.pipeline.context import RequestContext
-from gateway.deadlines.deadline import ClientDeadlines, InvalidDeadlineHeader, parse_headers, resolve
-from gateway.errors import DeadlineExceeded, error_headers
-from gateway.policy.policyset import DeadlineSpec, Policy
+from gateway.deadlines import deadline as deadlines
+from gateway.deadlines.client import ClientDeadlines, parse_headers
+from gateway.deadlines.deadline import resolve
+from gateway.errors import DeadlineExceeded, InvalidDeadlineHeader, error_headers
+from gateway.ingress.protocol import parse_request
+from gateway.pipeline.context import Contract, Deadline, Parsed, RequestContext
+from gateway.policy.policyset import DeadlineSpec, Policy, TimeoutsSpec
 
 WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 MONO0 = 1000.0
@@ -38,11 +40,30 @@ def parse(**headers: str) -> ClientDeadlines:
     return parse_headers(Headers(raw), MONO0, wall=wall, mono=mono)
 
 
-def ctx_with(client: ClientDeadlines | None = None, policy: Any = None, stream: bool = False) -> RequestContext:
+def ctx_with(client: ClientDeadlines | None = None, policy: Policy | None = None) -> RequestContext:
     ctx = RequestContext(request_id="r", endpoint="chat", path="/", headers=Headers({}), received_at=MONO0)
-    ctx.client_deadlines = client
-    ctx.policy = policy
+    request = parse_request("chat", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+    ctx.parsed = Parsed(request, None, client or ClientDeadlines())
+    ctx.contract = Contract(policy) if policy is not None else None
     return ctx
+
+
+def at(ctx: RequestContext) -> tuple[float, str]:
+    assert ctx.deadline is not None
+    return ctx.deadline.at, ctx.deadline.source
+
+
+def fixed(ctx: RequestContext, when: float, source: str, start_at: float | None = None) -> None:
+    """Give `ctx` a resolved deadline (what `resolve` would set)."""
+    ctx.deadline = Deadline(when, source, TimeoutsConfig(), start_at)
+
+
+async def started_send(ctx: RequestContext) -> Any:
+    """A client `send` that records the response start, as the endpoint's does."""
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            ctx.response.started = True
+    return send
 
 
 @pytest.mark.parametrize("value", ["1767225630", "1767225630.0", " 1767225630 ", "2026-01-01T00:00:30Z",
@@ -82,48 +103,44 @@ def test_relative_and_client_timeouts() -> None:
 def test_default_applies_without_explicit_deadline() -> None:
     ctx = ctx_with()
     resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=120)))
-    assert (ctx.deadline, ctx.deadline_source) == (MONO0 + 120, "policy_default")
-    assert ctx.timeouts == TimeoutsConfig(total_s=120)
-    assert ctx.start_deadline is None
+    assert at(ctx) == (MONO0 + 120, "policy_default")
+    assert ctx.deadline is not None
+    assert ctx.deadline.timeouts == TimeoutsConfig(total_s=120)
+    assert ctx.deadline.start_at is None
 
 
 def test_explicit_deadline_may_exceed_the_default_up_to_the_max() -> None:
     policy = Policy(name="long", deadline=DeadlineSpec(default_s=60, max_s=600))
     ctx = ctx_with(ClientDeadlines(relative=MONO0 + 300), policy)
     resolve(ctx, GatewayConfig())
-    assert (ctx.deadline, ctx.deadline_source) == (MONO0 + 300, "x-request-timeout")
+    assert at(ctx) == (MONO0 + 300, "x-request-timeout")
     ctx = ctx_with(ClientDeadlines(relative=MONO0 + 3000), policy)
     resolve(ctx, GatewayConfig())
-    assert (ctx.deadline, ctx.deadline_source) == (MONO0 + 600, "policy_max")
+    assert at(ctx) == (MONO0 + 600, "policy_max")
     ctx = ctx_with(None, policy)
     resolve(ctx, GatewayConfig())
-    assert (ctx.deadline, ctx.deadline_source) == (MONO0 + 60, "policy_default")
+    assert at(ctx) == (MONO0 + 60, "policy_default")
 
 
 def test_session_deadline_and_client_timeout() -> None:
     ctx = ctx_with(ClientDeadlines(absolute=MONO0 + 50, client_timeout_s=20))
-    ctx.session_deadline = MONO0 + 40
     resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(idle_s=60)))
-    assert (ctx.deadline, ctx.deadline_source) == (MONO0 + 40, "session")
+    assert at(ctx) == (MONO0 + 50, "x-request-deadline")
+    deadlines.tighten(ctx, MONO0 + 40, "session")  # the budgets stage, once the session is known
+    deadlines.tighten(ctx, MONO0 + 45, "later")  # never moves a deadline later
+    assert at(ctx) == (MONO0 + 40, "session")
     # The SDK timeout bounds the response start and the idle gap, not the stream.
-    assert ctx.start_deadline == MONO0 + 20
-    assert ctx.timeouts is not None and ctx.timeouts.idle_s == 20
+    assert ctx.deadline is not None
+    assert ctx.deadline.start_at == MONO0 + 20
+    assert ctx.deadline.timeouts.idle_s == 20
     assert deadlines.timer_deadline(ctx) == (MONO0 + 20, "x-stainless-timeout")
-    ctx.response_started = True
+    ctx.response.started = True
     assert deadlines.timer_deadline(ctx) == (MONO0 + 40, "session")
 
 
 def test_per_policy_timeouts_override_config() -> None:
-    @dataclasses.dataclass(frozen=True)
-    class Spec:
-        first_byte_s: float | None = 900.0
-        idle_s: float | None = None
-
-    @dataclasses.dataclass(frozen=True)
-    class WithTimeouts:
-        timeouts: Spec = dataclasses.field(default_factory=Spec)
-
-    got = deadlines.policy_timeouts(WithTimeouts(), TimeoutsConfig(first_byte_s=10, idle_s=5))
+    policy = Policy(name="p", timeouts=TimeoutsSpec(first_byte_s=900.0))
+    got = deadlines.policy_timeouts(policy, TimeoutsConfig(first_byte_s=10, idle_s=5))
     assert got == TimeoutsConfig(first_byte_s=900, idle_s=5)
     assert deadlines.policy_timeouts(Policy(name="p"), TimeoutsConfig()) == TimeoutsConfig()
 
@@ -140,18 +157,19 @@ def test_effective_deadline_is_the_earliest_applicable_bound(
     client = ClientDeadlines(None if absolute is None else MONO0 + absolute,
                              None if relative is None else MONO0 + relative)
     ctx = ctx_with(client, policy)
-    ctx.session_deadline = None if session is None else MONO0 + session
     resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=total)))
+    if session is not None:
+        deadlines.tighten(ctx, MONO0 + session, "session")
     assert ctx.deadline is not None
     bounds = [default + extra] + [b for b in (absolute, relative, session) if b is not None]
     if absolute is None and relative is None:
         bounds.append(default)
-    assert math.isclose(ctx.deadline - MONO0, min(bounds), rel_tol=1e-9, abs_tol=1e-6)
+    assert math.isclose(ctx.deadline.at - MONO0, min(bounds), rel_tol=1e-9, abs_tol=1e-6)
 
 
 def test_upstream_header_is_absolute_unix_seconds() -> None:
     ctx = ctx_with()
-    ctx.deadline = MONO0 + 12.5
+    fixed(ctx, MONO0 + 12.5, "policy_default")
     assert deadlines.upstream_deadline_header(ctx, wall=wall, mono=mono) == f"{WALL0 + 12.5:.3f}"
 
 
@@ -172,8 +190,7 @@ def test_enforce_expiry_and_reschedule_at_response_start() -> None:
         loop = asyncio.get_running_loop()
         ctx = ctx_with()
         ctx.received_at = now = time.monotonic()
-        ctx.deadline, ctx.deadline_source = now + 0.6, "x-request-deadline"
-        ctx.start_deadline = now + 0.1
+        fixed(ctx, now + 0.6, "x-request-deadline", start_at=now + 0.1)
         # Not started: the start deadline (0.1 s) fires.
         t0 = loop.time()
         with pytest.raises(DeadlineExceeded) as exc:
@@ -182,14 +199,13 @@ def test_enforce_expiry_and_reschedule_at_response_start() -> None:
         first = loop.time() - t0
         assert exc.value.should_retry is None  # the client's own timeout: a fresh try may succeed
         # Started: the timer moves to the total deadline (0.6 s).
-        ctx.response_started = False
         t0 = loop.time()
         with pytest.raises(DeadlineExceeded) as exc:
-            async with deadlines.enforce(ctx, _noop_send) as send:
+            async with deadlines.enforce(ctx, await started_send(ctx)) as send:
                 await send({"type": "http.response.start", "status": 200, "headers": []})
                 await asyncio.sleep(5)
         assert exc.value.should_retry is False
-        assert ctx.deadline_timer is None
+        assert ctx.deadline is not None and ctx.deadline.timer is None
         return first, loop.time() - t0
 
     first, second = asyncio.run(scenario())
@@ -201,7 +217,7 @@ def test_tighten_reschedules_a_running_timer() -> None:
     async def scenario() -> float:
         ctx = ctx_with()
         now = time.monotonic()
-        ctx.deadline, ctx.deadline_source = now + 30, "policy_default"
+        fixed(ctx, now + 30, "policy_default")
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded) as exc:
             async with deadlines.enforce(ctx, _noop_send):

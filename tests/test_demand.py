@@ -13,7 +13,8 @@ from gateway.config.schema import AdmissionConfig
 from gateway.config.decode import ConfigError
 from gateway.pipeline.context import RequestContext
 from gateway.admission.demand import _WINDOW, DemandEstimator, OutputLearner
-from gateway.policy.policyset import load_policy_set
+from gateway.policy.policyset import Policy, load_policy_set
+from tests.ctxkit import make_ctx
 
 
 @settings(max_examples=200, deadline=None)
@@ -36,13 +37,11 @@ def test_learned_quantile_is_the_windowed_quantile(events: list[tuple[str, int |
         assert learner.quantile(task) == expected  # the cached answer is the same
 
 
-def _ctx(policy: object, output_limit: int) -> RequestContext:
-    ctx = RequestContext("r", "chat", "/v1/chat/completions", headers={}, received_at=0.0)
-    ctx.task, ctx.policy, ctx.prompt_tokens, ctx.output_limit = "agent", policy, 100, output_limit
-    return ctx
+def _ctx(policy: Policy | None, output_limit: int) -> RequestContext:
+    return make_ctx(policy=policy or Policy(name="agent"), prompt=100, output=output_limit)
 
 
-def _policies(tmp_path: Path, mode: str) -> object:
+def _policies(tmp_path: Path, mode: str) -> Policy | None:
     (tmp_path / "agent.yaml").write_text(f"name: agent\noutput_reservation: {mode}\n")
     return load_policy_set(str(tmp_path)).get("agent")
 

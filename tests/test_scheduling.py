@@ -15,7 +15,9 @@ from starlette.datastructures import Headers
 
 from gateway.config.schema import GatewayConfig, ReplicaConfig
 from gateway.config.decode import ConfigError, decode
-from gateway.pipeline.context import RequestContext
+from gateway.deadlines.client import ClientDeadlines
+from gateway.pipeline.context import Parsed, RequestContext
+from tests.ctxkit import make_ctx
 from gateway.ingress.protocol import parse_request
 from gateway.replicas.registry import Replica
 from gateway.scheduling.config import SchedulingConfig
@@ -45,8 +47,7 @@ def ctx_for(text: str, session: str | None = None, **body: Any) -> RequestContex
     raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}], **body}).encode()
     ctx = RequestContext(request_id="x", endpoint="chat", path="/v1/chat/completions",
                          headers=Headers({}), received_at=0.0)
-    ctx.request = parse_request("chat", raw)
-    ctx.session_key = session
+    ctx.parsed = Parsed(parse_request("chat", raw), session, ClientDeadlines())
     return ctx
 
 
@@ -56,17 +57,19 @@ def router(policy: str = "default", clock: Clock | None = None, **kw: Any) -> Ro
 
 
 def route(r: Router, ctx: RequestContext, cands: list[Replica]) -> Replica:
-    ranked = r.rank(ctx, cands)
-    ctx.replica = ranked[0]
-    r.on_routed(ctx, ranked[0])
-    return ranked[0]
+    ranking = r.rank(ctx, cands)
+    ctx.replica = ranking.replicas[0]
+    r.on_routed(ctx, ranking, ranking.replicas[0])
+    return ranking.replicas[0]
 
 
 # --- config validation -----------------------------------------------------
 
 def decode_errors(sched: dict[str, Any]) -> str:
+    # Decoding checks the scalars, building the router the plugin specs.
     with pytest.raises(ConfigError) as info:
-        decode(GatewayConfig, {"scheduling": sched})
+        cfg = decode(GatewayConfig, {"scheduling": sched}).scheduling
+        build_router(cfg, registry=CollectorRegistry())
     return str(info.value)
 
 
@@ -111,7 +114,7 @@ def test_every_registered_plugin_builds_with_default_parameters() -> None:
             {"name": "p", "picker": picker, "filters": filters, "scorers": scorers}]})
         r = build_router(cfg, registry=CollectorRegistry(), rng=random.Random(0))
         cands = replicas(3)
-        assert set(map(id, r.rank(ctx_for("hi"), cands))) == set(map(id, cands))
+        assert set(map(id, r.rank(ctx_for("hi"), cands).replicas)) == set(map(id, cands))
 
 
 # --- invariants ---------------------------------------------------------------
@@ -128,13 +131,14 @@ def test_scores_bounded_and_pick_is_a_filtered_candidate(
         r.healthy = healthy
     rt = router(policy)
     ctx = ctx_for(text or "x", session)
-    ranked = rt.rank(ctx, cands)
+    ranking = rt.rank(ctx, cands)
+    ranked = ranking.replicas
     assert len(ranked) == len({id(x) for x in ranked})
     assert all(x in cands for x in ranked)
     if policy == "default":
         assert ranked == [] or all(x.healthy for x in ranked)
         assert isinstance(rt, SchedulingRouter)
-        cycle = ctx.notes.get("routing_cycle") or rt.cycle(ctx, ranked)  # a lone healthy replica: no cycle
+        cycle = ranking.cycle or rt.cycle(ctx, ranked)  # a lone healthy replica: no cycle
         for scorer in rt.profile.scorers:
             assert all(0.0 <= clamp01(v) <= 1.0 for v in scorer.named.plugin.score(cycle, ranked))
         kept = [x for x in cands if x.healthy]
@@ -169,8 +173,8 @@ def test_longer_match_wins_over_a_shared_system_prompt() -> None:
     ra = route(r, ctx_for(a), [cands[0]])
     rb = route(r, ctx_for(b), [cands[1]])
     assert (ra, rb) == (cands[0], cands[1])
-    assert r.rank(ctx_for(b + " more"), cands)[0] is cands[1]
-    assert r.rank(ctx_for(a + " more"), cands)[0] is cands[0]
+    assert r.rank(ctx_for(b + " more"), cands).replicas[0] is cands[1]
+    assert r.rank(ctx_for(a + " more"), cands).replicas[0] is cands[0]
 
 
 def test_hot_replica_loses_affinity() -> None:
@@ -181,7 +185,7 @@ def test_hot_replica_loses_affinity() -> None:
     # pile up prefill work on the owner: many requests that have not started yet
     for i in range(12):
         route(r, ctx_for(f"{i} other work " * 20000), [owner])
-    ranked = r.rank(ctx_for(base + " next"), cands)
+    ranked = r.rank(ctx_for(base + " next"), cands).replicas
     assert isinstance(r, SchedulingRouter)
     assert ranked[0] is not owner
 
@@ -197,7 +201,7 @@ def test_new_sessions_spread_with_bounded_load() -> None:
 def test_ties_agree_across_gateways() -> None:
     cands = replicas(4)
     for s in range(20):
-        picks = {router().rank(ctx_for("same prompt", f"s{s}"), cands)[0].name for _ in range(3)}
+        picks = {router().rank(ctx_for("same prompt", f"s{s}"), cands).replicas[0].name for _ in range(3)}
         assert len(picks) == 1
 
 
@@ -207,9 +211,9 @@ def test_baselines() -> None:
     assert [route(rr, ctx_for("x"), cands).name for _ in range(4)] == ["r0", "r1", "r2", "r0"]
     ll = router("least-load")
     cands[0].in_flight, cands[1].in_flight, cands[2].in_flight = 3, 1, 2
-    assert ll.rank(ctx_for("x"), cands)[0] is cands[1]
+    assert ll.rank(ctx_for("x"), cands).replicas[0] is cands[1]
     sh = router("session-hash")
-    picks = {sh.rank(ctx_for("x", "sess"), cands)[0].name for _ in range(5)}
+    picks = {sh.rank(ctx_for("x", "sess"), cands).replicas[0].name for _ in range(5)}
     assert len(picks) == 1
 
 
@@ -240,10 +244,10 @@ def test_one_fast_looking_replica_does_not_attract_all_work() -> None:
     from gateway.admission.livestate import LiveState  # the admission stage's published state
 
     r, cands = router(), replicas(4)
-    cands[0].state = LiveState(prefill_backlog_tokens=100_000, prefill_tokens_per_s=160_000.0)
+    cands[0].live = LiveState(prefill_backlog_tokens=100_000, prefill_tokens_per_s=160_000.0)
     for other in cands[1:]:
-        other.state = LiveState(prefill_backlog_tokens=0, prefill_tokens_per_s=8000.0)
-    assert r.rank(ctx_for("a new prompt " * 2000), cands)[0] is not cands[0]
+        other.live = LiveState(prefill_backlog_tokens=0, prefill_tokens_per_s=8000.0)
+    assert r.rank(ctx_for("a new prompt " * 2000), cands).replicas[0] is not cands[0]
 
 
 def test_engine_state_is_read_through_the_adapter() -> None:
@@ -251,12 +255,12 @@ def test_engine_state_is_read_through_the_adapter() -> None:
     from gateway.scheduling.engine_view import engine_view
 
     [rep] = replicas(1)
-    rep.state = LiveState(capacity_tokens=1000, used_tokens=300, leased_tokens=500, prefill_backlog_tokens=70,
+    rep.live = LiveState(capacity_tokens=1000, used_tokens=300, leased_tokens=500, prefill_backlog_tokens=70,
                           engine_waiting=3, prefill_tokens_per_s=1234.0)
     view = engine_view(rep)
     assert (view.capacity_tokens, view.used_tokens, view.backlog_tokens, view.waiting, view.prefill_rate) == (
         1000, 500, 70, 3, 1234.0)
-    rep.state = None
+    rep.live = None
     assert engine_view(rep).backlog_tokens is None
 
 
@@ -267,17 +271,23 @@ _OPT_INT = st.none() | st.integers(min_value=-5, max_value=10**9)
        backlog=st.integers(min_value=-5, max_value=10**9), waiting=_OPT_INT,
        rate=st.floats(min_value=-1.0, max_value=1e7, allow_nan=False),
        config_cap=st.none() | st.integers(min_value=1, max_value=10**9))
-def test_engine_view_fast_path_equals_the_generic_adapter(cap: int | None, used: int | None, leased: int,
-                                                           backlog: int, waiting: int | None, rate: float,
-                                                           config_cap: int | None) -> None:
+def test_engine_view_keeps_known_values_and_says_unknown_otherwise(
+        cap: int | None, used: int | None, leased: int, backlog: int, waiting: int | None, rate: float,
+        config_cap: int | None) -> None:
     from gateway.admission.livestate import LiveState
-    from gateway.scheduling.engine_view import capacity_tokens, engine_view, generic_view
+    from gateway.scheduling.engine_view import capacity_tokens, engine_view
 
     replica = Replica(ReplicaConfig(url="http://127.0.0.1:1", capacity_tokens=config_cap))
-    replica.state = LiveState(capacity_tokens=cap, used_tokens=used, leased_tokens=leased,
-                              prefill_backlog_tokens=backlog, engine_waiting=waiting, prefill_tokens_per_s=rate)
-    assert engine_view(replica) == generic_view(replica, replica.state)
-    assert capacity_tokens(replica) == engine_view(replica).capacity_tokens
+    live = replica.live = LiveState(capacity_tokens=cap, used_tokens=used, leased_tokens=leased,
+                                     prefill_backlog_tokens=backlog, engine_waiting=waiting,
+                                     prefill_tokens_per_s=rate)
+    view = engine_view(replica)
+    assert view.capacity_tokens == (cap if cap is not None and cap >= 0 else config_cap)
+    assert capacity_tokens(replica) == view.capacity_tokens
+    assert view.used_tokens == live.kv_used_tokens  # the larger of ledger and metrics, never negative
+    assert view.backlog_tokens == (backlog if backlog >= 0 else None)
+    assert view.waiting == (waiting if waiting is not None and waiting >= 0 else None)
+    assert view.prefill_rate == (rate if rate > 0 else None)
 
 
 def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
@@ -289,12 +299,12 @@ def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
         out = []
         for _ in range(2):
             ctx = ctx_for("A long shared system prompt. " * 200, None)
-            ranked = rt.rank(ctx, cands)
+            ranking = rt.rank(ctx, cands)
             if not lone:
-                ctx.notes["routing_cycle"] = rt.cycle(ctx, cands)
-            ctx.replica = ranked[0]
-            rt.on_routed(ctx, ranked[0])
-            routed = rt._tracker.outstanding(ranked[0].name)[-1]
+                ranking.cycle = rt.cycle(ctx, cands)
+            ctx.replica = ranking.replicas[0]
+            rt.on_routed(ctx, ranking, ranking.replicas[0])
+            routed = rt._tracker.outstanding(ranking.replicas[0].name)[-1]
             out.append((routed.kv_tokens, routed.uncached_tokens))
         return out
 
@@ -314,22 +324,20 @@ def test_admission_reserves_prefill_only_for_what_the_index_expects_uncached(n: 
     assert isinstance(rt, SchedulingRouter)
     cands = replicas(n)
     estimator = DemandEstimator(AdmissionConfig())
-    first = ctx_for("A long shared system prompt. " * 200, None)
-    first.prompt_tokens = 1500
+    first = make_ctx(text="A long shared system prompt. " * 200, prompt=1500)
     chosen = route(rt, first, cands)
-    assert first.cached_tokens == {}  # nothing routed before: nothing expected cached
+    assert first.routing.cached_tokens == {}  # nothing routed before: nothing expected cached
     assert estimator.demand(first, chosen.name).prefill_tokens == 1500
-    again = ctx_for("A long shared system prompt. " * 200, None)
-    again.prompt_tokens = 1500
-    ranked = rt.rank(again, cands)
+    again = make_ctx(text="A long shared system prompt. " * 200, prompt=1500)
+    ranked = rt.rank(again, cands).replicas
     assert ranked[0] is chosen
-    cached = again.cached_tokens[chosen.name]
+    cached = again.routing.cached_tokens[chosen.name]
     assert 1000 < cached <= 1500
     assert estimator.demand(again, chosen.name).prefill_tokens == 1500 - cached
-    assert all(again.cached_tokens.get(r.name, 0) == 0 for r in cands if r is not chosen)
+    assert all(again.routing.cached_tokens.get(r.name, 0) == 0 for r in cands if r is not chosen)
     short = ctx_for("hi", None)
     rt.rank(short, cands)
-    assert short.cached_tokens == {}
+    assert short.routing.cached_tokens == {}
 
 
 def test_finished_requests_do_not_accumulate_on_a_lone_replica() -> None:
@@ -339,8 +347,8 @@ def test_finished_requests_do_not_accumulate_on_a_lone_replica() -> None:
     cands = replicas(1)
     for _ in range(2000):
         ctx = ctx_for("hello there")
-        ranked = rt.rank(ctx, cands)
-        ctx.replica = ranked[0]
-        rt.on_routed(ctx, ranked[0])
+        ranking = rt.rank(ctx, cands)
+        ctx.replica = ranking.replicas[0]
+        rt.on_routed(ctx, ranking, ranking.replicas[0])
         ctx.finished_at = 1.0
     assert len(rt._tracker._routed["r0"]) <= 128

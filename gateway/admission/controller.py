@@ -29,11 +29,11 @@ request exceeds every replica's capacity.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from gateway.admission.metrics import AdmissionMetrics
@@ -42,7 +42,7 @@ from gateway.pipeline.context import RequestContext
 from gateway.admission.demand import DemandEstimator
 from gateway.errors import BadRequest, NoHealthyReplica, Overloaded
 from gateway.admission.ledger import Demand, Lease, Limits, SharedLease, claims
-from gateway.admission.livestate import LiveState, ReplicaLive
+from gateway.admission.livestate import ReplicaLive
 from gateway.admission.queue import AdmissionQueue, Entry, QueueFull
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.state import MemoryStateStore, StateStore
@@ -70,12 +70,11 @@ class AdmissionController:
         self.estimator = DemandEstimator(cfg)
         self.trackers = {r.name: ReplicaLive(cfg, r.config.capacity_tokens) for r in registry}
         for r in registry:
-            r.state = self.trackers[r.name].state
+            r.live = self.trackers[r.name].state
         self.queue: AdmissionQueue[Waiter] = AdmissionQueue(
             PRIORITY_CLASSES, cfg.queue_max_requests, cfg.queue_max_tokens, clock)
         self._pump_task: asyncio.Task[None] | None = None
         self._repump = False
-        self._closing: set[asyncio.Task[None]] = set()  # orphaned leases being released
         if metrics is not None:
             metrics.watch(registry, lambda: [(c, st.length, st.tokens) for c, st in self.queue.stats.items()])
 
@@ -98,17 +97,26 @@ class AdmissionController:
 
     # --- acquire ------------------------------------------------------------
 
-    def acquire(self, ctx: RequestContext, ranked: list[Replica]) -> _Acquired:
+    @contextlib.asynccontextmanager
+    async def acquire(self, ctx: RequestContext, ranked: list[Replica]) -> AsyncIterator[Lease]:
         """`async with controller.acquire(ctx, ranked) as lease:` — the lease is
-        released on leaving the block by any path."""
-        return _Acquired(self, ctx, ranked)
+        released on leaving the block by any path; a block that succeeded
+        teaches the output estimator what the request used."""
+        lease = self._begin(ctx, ranked)
+        if lease is None:
+            lease = await self._enter(ctx, ranked)
+        try:
+            yield lease
+        finally:
+            await _release(lease)
+        self.estimator.learn(ctx)
 
     def _begin(self, ctx: RequestContext, ranked: list[Replica]) -> Lease | None:
         """The part of admission that never suspends: a lease granted now, or
         None (the request must reserve in a shared store or wait in the queue)."""
         if not ranked:
             raise NoHealthyReplica("No healthy replica is available.", retry_after=1.0)
-        ctx.queued_at = self._clock()
+        ctx.admission.queued_at = self._clock()
         if not self._cfg.enabled:
             replica = next((r for r in ranked if r.healthy), ranked[0])
             return self._granted(ctx, Lease(replica, self.estimator.demand(ctx), self._delta, held=False))
@@ -134,14 +142,14 @@ class AdmissionController:
         return self._granted(ctx, await self._wait(ctx, ranked, cls, demand))
 
     def _granted(self, ctx: RequestContext, lease: Lease) -> Lease:
-        ctx.admitted_at = self._clock()
-        ctx.first_byte_hooks.append(lease.first_byte)
+        ctx.admission.admitted_at = self._clock()
+        ctx.admission.on_first_byte = lease.first_byte
         return lease
 
     def _check_fits(self, ctx: RequestContext, cls: str, demand: Demand, ranked: list[Replica]) -> None:
         largest = 0
         for r in ranked:
-            cap = r.state.capacity_tokens if isinstance(r.state, LiveState) else None
+            cap = r.live.capacity_tokens if r.live is not None else None
             if cap is None:
                 return  # a replica of unknown size might hold it
             largest = max(largest, cap)
@@ -162,7 +170,7 @@ class AdmissionController:
     # --- the queue ----------------------------------------------------------
 
     async def _wait(self, ctx: RequestContext, ranked: list[Replica], cls: str, demand: Demand) -> Lease:
-        deadline = ctx.deadline if ctx.deadline is not None else math.inf
+        deadline = ctx.deadline.at if ctx.deadline is not None else math.inf
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         try:
             entry = self.queue.push(Waiter(ctx, ranked, cls, future), cls, deadline, demand.kv_tokens)
@@ -171,32 +179,20 @@ class AdmissionController:
             raise Overloaded(f"The gateway queue for {cls} requests is full ({full.what}); retry later.",
                              retry_after=full.retry_after, reason="queue_full") from None
         self.kick()
-        # The handlers neither read `lease` nor suspend. Compiled (mypyc, setup.py),
-        # a local assigned in `try` has its narrowed type in `except` / `finally`
-        # (None read as a TypeError), and an `await` in the handler here before its
-        # bare `raise` crashed the interpreter (memory corruption) in the queue tests.
         try:
             lease = await self._await_admission(entry, demand, future)
-        except asyncio.CancelledError:
-            gone = "deadline_exceeded" if self._clock() >= deadline - 0.001 else "client_gone"
-            self._reject(cls, gone)
-            self._abandon(entry, future)
-            raise
-        except BaseException:
-            self._abandon(entry, future)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                gone = "deadline_exceeded" if self._clock() >= deadline - 0.001 else "client_gone"
+                self._reject(cls, gone)
+            # A lease granted at the moment the wait ended is nobody's: give it back.
+            orphan = self._withdraw(entry, future)
+            if orphan is not None:
+                await _release(orphan)
             raise
         self.queue.remove(entry)
         self._count_admitted(cls, self._clock() - entry.enqueued_at)
         return lease
-
-    def _abandon(self, entry: Entry[Waiter], future: asyncio.Future[Lease]) -> None:
-        """The wait ended by an exception: leave the queue, and give back a lease
-        granted at that same moment (in a task when the release must suspend)."""
-        orphan = self._withdraw(entry, future)
-        if orphan is not None and not orphan.close_now():
-            task = asyncio.get_running_loop().create_task(orphan.close())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
 
     def _withdraw(self, entry: Entry[Waiter], future: asyncio.Future[Lease]) -> Lease | None:
         """Take a waiter out of the queue; returns a lease granted to it that
@@ -226,7 +222,7 @@ class AdmissionController:
         raise Overloaded("Admission wait did not converge.", reason="queue_stuck")
 
     def _estimated_ttft(self, entry: Entry[Waiter], demand: Demand) -> float:
-        states = [r.state for r in entry.item.ranked if r.healthy and isinstance(r.state, LiveState)]
+        states = [r.live for r in entry.item.ranked if r.healthy and r.live is not None]
         if not states:
             return 0.0
         own = min(s.estimated_ttft_s(demand.prefill_tokens) for s in states)
@@ -270,7 +266,7 @@ class AdmissionController:
             return self._try_local(ctx, ranked, cls, uncached)
         for replica, demand, limits in self._fitting(ctx, ranked, cls, uncached):
             now = self._clock()
-            ttl = max(0.0, (ctx.deadline or now) - now) + self._cfg.lease_grace_s
+            ttl = max(0.0, (ctx.deadline.at if ctx.deadline is not None else now) - now) + self._cfg.lease_grace_s
             result = await self._store.reserve(claims(replica.name, demand, limits), ttl)
             if result.reservation is not None:
                 return SharedLease(replica, demand, self._store, result.reservation, ttl, self._delta)
@@ -288,7 +284,7 @@ class AdmissionController:
                  uncached: Demand | None) -> Iterator[tuple[Replica, Demand, Limits]]:
         """The ranked replicas that can admit now, in order, with the demand and
         reserve limits on each."""
-        cached = ctx.cached_tokens
+        cached = ctx.routing.cached_tokens
         for replica in ranked:
             if uncached is None or cached.get(replica.name):
                 demand = self.estimator.demand(ctx, replica.name)
@@ -300,8 +296,8 @@ class AdmissionController:
 
     def _limits(self, replica: Replica, demand: Demand, cls: str) -> Limits | str:
         """The reserve limits on `replica`, or why it cannot admit now."""
-        s = replica.state
-        if not replica.healthy or not isinstance(s, LiveState) or not s.healthy:
+        s = replica.live
+        if not replica.healthy or s is None or not s.healthy:
             return "unhealthy"
         if s.capacity_tokens is None:
             bounds = [b for b in (self._cfg.unknown_capacity_max_in_flight, s.max_in_flight) if b is not None]
@@ -330,7 +326,7 @@ class AdmissionController:
         replica = lease.replica
         replica.in_flight += in_flight
         t = self.trackers[replica.name]
-        replica.state = t.ledger_changed(t.leased + kv, t.backlog + prefill, t.in_flight + in_flight,
+        replica.live = t.ledger_changed(t.leased + kv, t.backlog + prefill, t.in_flight + in_flight,
                                          self._clock())
         if kv < 0 or prefill < 0 or in_flight < 0:
             self.kick()
@@ -356,31 +352,8 @@ class AdmissionController:
         }
 
 
-class _Acquired:
-    """The context manager `AdmissionController.acquire` returns (a class: it runs
-    once per request on the hot path)."""
-
-    __slots__ = ("_ctl", "_ctx", "_lease", "_ranked")
-
-    def __init__(self, ctl: AdmissionController, ctx: RequestContext, ranked: list[Replica]) -> None:
-        self._ctl = ctl
-        self._ctx = ctx
-        self._ranked = ranked
-        self._lease: Lease | None = None
-
-    async def __aenter__(self) -> Lease:
-        lease = self._ctl._begin(self._ctx, self._ranked)
-        if lease is None:
-            lease = await self._ctl._enter(self._ctx, self._ranked)
-        self._lease = lease
-        return lease
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool:
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            if not lease.close_now():
-                await asyncio.shield(lease.close())
-            if exc_type is None:
-                self._ctl.estimator.learn(self._ctx)
-        return False
+async def _release(lease: Lease) -> None:
+    """Give a lease back; a shared-store release is shielded so that a
+    cancellation arriving meanwhile cannot leave it half done."""
+    if not lease.close_now():
+        await asyncio.shield(lease.close())

@@ -1,14 +1,14 @@
 """What a request will cost a replica, in tokens (`Demand`).
 
-- prompt tokens: `ctx.prompt_tokens` (set by the policy stage from a real
+- prompt tokens: `ctx.contract.prompt_tokens` (set by the policy stage from a real
   count), else an estimate of UTF-8 bytes / `admission.chars_per_token`.
-- reserved output: the request's output limit (`ctx.output_limit`, else the
+- reserved output: the request's output limit (`ctx.contract.output_limit`, else the
   client's `max_tokens`, else `admission.default_output_tokens`), or in
   `learned` mode a high quantile of the task's recent actual outputs,
   capped by that limit, once enough samples exist. The mode is per policy
-  (`ctx.policy.output_reservation` when the policy sets it), else config.
+  (`ctx.contract.policy.output_reservation` when the policy sets it), else config.
 - prefill tokens: prompt tokens minus those the router expects cached on
-  the chosen replica (`ctx.cached_tokens[replica]`).
+  the chosen replica (`ctx.routing.cached_tokens[replica]`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class DemandEstimator:
 
     def reserved_output(self, ctx: RequestContext) -> int:
         limit = self.output_limit(ctx)
-        mode = getattr(ctx.policy, "output_reservation", None) or self._cfg.output_reservation
+        policy_mode = ctx.contract.policy.output_reservation if ctx.contract is not None else None
+        mode = policy_mode or self._cfg.output_reservation
         if mode == "learned":
             learned = self.learner.quantile(ctx.task)
             if learned is not None:
@@ -89,7 +90,7 @@ class DemandEstimator:
 
     def demand(self, ctx: RequestContext, replica: str | None = None) -> Demand:
         prompt = self.prompt_tokens(ctx)
-        cached = ctx.cached_tokens.get(replica, 0) if replica is not None else 0
+        cached = ctx.routing.cached_tokens.get(replica, 0) if replica is not None else 0
         return Demand(prompt, self.reserved_output(ctx), max(0, prompt - min(cached, prompt)))
 
     def learn(self, ctx: RequestContext) -> None:

@@ -66,7 +66,7 @@ class _LiveCollector(Collector):
         for name, doc, get in _REPLICA_GAUGES:
             family = GaugeMetricFamily(f"gateway_replica_{name}", doc, labels=["replica"])
             for r in self._replicas:
-                value = get(r.state) if isinstance(r.state, LiveState) else None
+                value = get(r.live) if r.live is not None else None
                 if value is not None:
                     family.add_metric([r.name], float(value))
             yield family

@@ -14,6 +14,7 @@ primitive for both vLLM and llama.cpp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -21,7 +22,8 @@ from typing import Any, TypeVar
 
 from gateway.forward import rawbody
 from gateway.config.schema import GatewayConfig
-from gateway.pipeline.context import RequestContext
+from gateway.config.schema import TimeoutsConfig
+from gateway.pipeline.context import Exchange, RequestContext
 from gateway.deadlines.deadline import upstream_deadline_header
 from gateway.engines import adapter_for
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
@@ -44,10 +46,20 @@ def _stream_upstream(replica: Replica, engine_default: bool) -> bool:
     return engine_default if mode == "auto" else mode == "always"
 
 
+def _first_byte(ctx: RequestContext, exchange: Exchange, prefill_done: bool = True) -> None:
+    """The first response byte arrived. `prefill_done=False` when the whole
+    answer arrived at once: what admission would release early (the lease's
+    prefill claim) is released with the lease."""
+    exchange.first_byte_at = time.monotonic()
+    hook = ctx.admission.on_first_byte
+    if prefill_done and hook is not None:
+        hook()
+
+
 async def _timed(ctx: RequestContext, aw: Awaitable[T], seconds: float, what: str) -> T:
-    """`aw` bounded by `seconds` on the request's one timer (`gateway.reqtimer`);
+    """`aw` bounded by `seconds` on the request's one timer (`gateway.deadlines.timer`);
     its own timer when the request has none (a forward outside the pipeline)."""
-    timer = ctx.deadline_timer
+    timer = ctx.deadline.timer if ctx.deadline is not None else None
     try:
         if timer is not None:
             return await phase(timer, aw, seconds, what)
@@ -71,7 +83,6 @@ class Forwarder:
             value = ctx.headers.get(name)
             if value is not None:
                 headers[name] = value
-        headers.update(ctx.upstream_headers)
         headers.update(replica.auth_headers())
         return headers
 
@@ -93,7 +104,20 @@ class Forwarder:
         data = rawbody.spliced(req.raw, req.original, body)
         return (rawbody.encode(body) if data is None else data), injected
 
+    def _timeouts(self, ctx: RequestContext) -> TimeoutsConfig:
+        return ctx.deadline.timeouts if ctx.deadline is not None else self._cfg.timeouts
+
     async def forward(self, ctx: RequestContext, replica: Replica, send: Send) -> None:
+        """One exchange (`ctx.exchange`); an exchange that provably never
+        reached the engine is forgotten, so a retry starts from a clean slate."""
+        exchange = ctx.exchange = Exchange(sent_at=time.monotonic())
+        try:
+            await self._exchange(ctx, exchange, replica, send)
+        except UpstreamNeverReached:
+            ctx.exchange = None
+            raise
+
+    async def _exchange(self, ctx: RequestContext, exchange: Exchange, replica: Replica, send: Send) -> None:
         req = ctx.request
         assert req is not None
         adapter = adapter_for(replica.kind)
@@ -101,41 +125,26 @@ class Forwarder:
         upstream_stream = req.stream or reassemble
         data, injected = self.upstream_body(ctx, upstream_stream)
         url = replica.url + PATHS[req.endpoint]
-        timeouts = ctx.timeouts or self._cfg.timeouts
-        ctx.stage = "waiting_first_byte"
-        ctx.notes["upstream_sent_at"] = time.monotonic()
+        timeouts = self._timeouts(ctx)
         reuse = adapter.reuse_after_stream or not upstream_stream
-        cm = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
+        post = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
         head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
-        # Entered by hand so the head timeout bounds only the entry (a failed or
-        # cancelled entry frees its connection itself).
-        resp = await _timed(ctx, cm.__aenter__(), head_timeout, "response headers")
-        # The exit is awaited outside the handler: the compiled build must not
-        # `await` inside an exception handler (setup.py).
-        failure: BaseException | None = None
-        try:
-            ctx.upstream_status = resp.status
+        async with contextlib.AsyncExitStack() as stack:
+            # The head timeout bounds only the entry (a failed or cancelled
+            # entry frees its connection itself).
+            resp = await _timed(ctx, stack.enter_async_context(post), head_timeout, "response headers")
+            exchange.status = resp.status
             if resp.status != 200:
                 await self._raise_engine_error(ctx, replica, resp)
             if reassemble:
-                await self._reassemble(ctx, replica, resp, send)
+                await self._reassemble(ctx, exchange, replica, resp, send)
             elif req.stream:
-                await self._relay_stream(ctx, resp, send, injected)
+                await self._relay_stream(ctx, exchange, resp, send, injected)
             else:
-                await self._relay_body(ctx, resp, send)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the exit
-            failure = exc
-        if failure is None:
-            await cm.__aexit__(None, None, None)
-            return
-        await cm.__aexit__(type(failure), failure, failure.__traceback__)
-        try:
-            raise failure
-        finally:
-            del failure  # else this frame and the exception's traceback form a cycle
+                await self._relay_body(ctx, exchange, resp, send)
 
     async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
-        raw = await _timed(ctx, resp.read_all(), (ctx.timeouts or self._cfg.timeouts).idle_s, "error body")
+        raw = await _timed(ctx, resp.read_all(), self._timeouts(ctx).idle_s, "error body")
         err = adapter_for(replica.kind).normalize_error(resp.status, raw)
         if resp.status == 503:
             # The engine refused before starting (busy, loading): provably not started.
@@ -154,29 +163,27 @@ class Forwarder:
 
     def response_headers(self, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
         """The gateway's own response headers (request id, queue and overhead
-        times, what the stages added to `ctx.response_headers`)."""
+        times, the contract the policy stage set)."""
         headers = [(b"x-request-id", ctx.request_id.encode("latin-1"))]
         if self._cfg.expose_replica_header and ctx.replica is not None:
             headers.append((b"x-gateway-replica", ctx.replica.name.encode("latin-1")))
         queue_ms = ctx.queue_seconds * 1000
-        sent_at = ctx.notes.get("upstream_sent_at")
-        if sent_at is None:
-            sent_at = time.monotonic()
+        sent_at = ctx.exchange.sent_at if ctx.exchange is not None else time.monotonic()
         overhead_ms = max(0.0, (sent_at - ctx.received_at) * 1000 - queue_ms)
         headers.append((b"x-gateway-queue-ms", b"%.1f" % queue_ms))
         headers.append((b"x-gateway-overhead-ms", b"%.2f" % overhead_ms))
-        for name, value in ctx.response_headers.items():
+        for name, value in ctx.gateway_headers():
             headers.append((name.encode("latin-1"), value.encode("latin-1")))
         return headers
 
-    async def _relay_stream(self, ctx: RequestContext, resp: UpstreamResponse, send: Send, injected: bool) -> None:
-        timeouts = ctx.timeouts or self._cfg.timeouts
+    async def _relay_stream(self, ctx: RequestContext, exchange: Exchange, resp: UpstreamResponse,
+                            send: Send, injected: bool) -> None:
+        timeouts = self._timeouts(ctx)
         relay = SSERelay(drop_usage_only_chunk=injected)
         chunk = await _timed(ctx, resp.read_chunk(), timeouts.first_byte_s, "first token")
-        ctx.mark_first_byte(time.monotonic())
+        _first_byte(ctx, exchange)
         await send(self._start_message(ctx, resp.content_type, SSE_HEADERS))
-        ctx.response_started = True
-        ctx.stage = "streaming"
+        exchange.phase = "streaming"
         try:
             while chunk:
                 out = relay.feed(chunk)
@@ -185,38 +192,36 @@ class Forwarder:
                 chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
             tail = relay.flush()
         finally:
-            ctx.usage = relay.usage
-            ctx.notes["sse_error"] = relay.error
+            exchange.usage = relay.usage
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _reassemble(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse, send: Send) -> None:
-        """Non-streaming answer rebuilt from an upstream stream (see gateway.reassemble)."""
-        timeouts = ctx.timeouts or self._cfg.timeouts
+    async def _reassemble(self, ctx: RequestContext, exchange: Exchange, replica: Replica,
+                          resp: UpstreamResponse, send: Send) -> None:
+        """Non-streaming answer rebuilt from an upstream stream (see gateway.forward.reassemble)."""
+        timeouts = self._timeouts(ctx)
         assert ctx.request is not None
         assembler = StreamAssembler(ctx.request.endpoint)
         chunk = await _timed(ctx, resp.read_chunk(), timeouts.first_byte_s, "first token")
-        ctx.mark_first_byte(time.monotonic())
-        ctx.stage = "streaming"
+        _first_byte(ctx, exchange)
+        exchange.phase = "streaming"
         while chunk:
             assembler.feed(chunk)
             chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
-        ctx.usage = assembler.usage
+        exchange.usage = assembler.usage
         if assembler.error is not None:
             body = json.dumps({"error": assembler.error}).encode()
             status = assembler.error.get("code")
             raise adapter_for(replica.kind).normalize_error(status if isinstance(status, int) else 500, body)
         body = json.dumps(assembler.body(), ensure_ascii=False, separators=(",", ":")).encode()
         await send(self._start_message(ctx, "application/json", [], len(body)))
-        ctx.response_started = True
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _relay_body(self, ctx: RequestContext, resp: UpstreamResponse, send: Send) -> None:
+    async def _relay_body(self, ctx: RequestContext, exchange: Exchange, resp: UpstreamResponse,
+                          send: Send) -> None:
         body = resp.complete_body()  # a small body often arrives with the head
         if body is None:
-            body = await _timed(ctx, resp.read_all(1 << 30), (ctx.timeouts or self._cfg.timeouts).idle_s,
-                                "body (idle gap)")
-        ctx.mark_first_byte(time.monotonic(), run_hooks=False)
-        ctx.usage = usage_from_body(body)
+            body = await _timed(ctx, resp.read_all(1 << 30), self._timeouts(ctx).idle_s, "body (idle gap)")
+        _first_byte(ctx, exchange, prefill_done=False)
+        exchange.usage = usage_from_body(body)
         await send(self._start_message(ctx, resp.content_type, [], len(body)))
-        ctx.response_started = True
         await send({"type": "http.response.body", "body": body, "more_body": False})

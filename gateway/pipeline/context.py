@@ -1,7 +1,19 @@
-"""The per-request context that flows through the pipeline.
+"""The per-request context: one typed record per stage, each written by the stage that owns it.
 
-ingress → policy → route → admit → forward → settle: each stage reads what
-earlier stages wrote and adds its own fields; no stage reaches back.
+    RequestContext                  written by
+     ├── request_id, headers, …     the endpoint (gateway.pipeline.endpoint), at entry
+     ├── serving_task, response     the endpoint (its tracked `send` marks started / complete)
+     ├── tenant                     auth (gateway.ingress.auth)
+     ├── parsed: Parsed             ingress (gateway.ingress.stage): body, session key, deadline headers
+     ├── contract: Contract         policy (gateway.policy.stage): task policy, prompt tokens, output limit
+     ├── deadline: Deadline         deadlines (gateway.deadlines.deadline): instant, source, timeouts, timer
+     ├── routing: Routing           scheduling (gateway.scheduling.router): prefix blocks, expected cache hits
+     ├── admission: Admission       admission (gateway.admission.controller): queue and admit instants
+     ├── progress, replica, attempts  the pipeline's dispatch loop (gateway.pipeline.pipeline)
+     ├── exchange: Exchange         forward (gateway.forward.forwarder): the current upstream exchange
+     └── outcome, finished_at       settle (gateway.pipeline.settle)
+
+Later stages read what earlier ones wrote; no stage writes another's record.
 """
 
 from __future__ import annotations
@@ -9,16 +21,108 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-# Annotations naming these are quoted: the compiled build (mypyc, setup.py)
-# evaluates a dataclass's unquoted annotations at import time.
-if TYPE_CHECKING:
-    from gateway.config.schema import TimeoutsConfig
-    from gateway.deadlines.deadline import ClientDeadlines
-    from gateway.ingress.protocol import ParsedRequest
-    from gateway.replicas.registry import Replica
-    from gateway.deadlines.timer import RequestTimer
+from gateway.config.schema import TimeoutsConfig
+from gateway.deadlines.client import ClientDeadlines
+from gateway.deadlines.timer import RequestTimer
+from gateway.ingress.protocol import ParsedRequest
+from gateway.policy.policyset import Policy
+from gateway.replicas.registry import Replica
+from gateway.scheduling.prefix import PrefixBlocks
+
+
+@dataclass(slots=True, eq=False)
+class ClientResponse:
+    """What has gone out to the client (the endpoint's tracked `send`)."""
+
+    started: bool = False
+    complete: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Parsed:
+    """Ingress: the parsed body, the session key, the client's deadline headers."""
+
+    request: ParsedRequest
+    session_key: str | None
+    client_deadlines: ClientDeadlines
+
+
+@dataclass(slots=True, eq=False)
+class Contract:
+    """Policy: the task's policy and the limits it set for this request."""
+
+    policy: Policy
+    prompt_tokens: int | None = None
+    output_limit: int | None = None
+    #: the client's output request when the policy clamped it
+    clamped_from: int | None = None
+
+    @property
+    def task(self) -> str:
+        return self.policy.name
+
+    @property
+    def priority(self) -> str:
+        return self.policy.priority
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The response headers that state the contract (`x-gateway-*`)."""
+        out = [("x-gateway-task", self.policy.name)]
+        if self.prompt_tokens is not None:
+            out.append(("x-gateway-input-tokens", str(self.prompt_tokens)))
+        if self.clamped_from is not None:
+            out.append(("x-gateway-output-clamped-from", str(self.clamped_from)))
+        if self.output_limit is not None:
+            out.append(("x-gateway-output-limit", str(self.output_limit)))
+        return out
+
+
+@dataclass(slots=True, eq=False)
+class Deadline:
+    """Deadlines: the request's bound (a `time.monotonic()` instant) and timeouts."""
+
+    at: float
+    source: str
+    timeouts: TimeoutsConfig
+    #: the response must start by then (the client SDK's timeout), if earlier than `at`
+    start_at: float | None = None
+    #: the request's one timer while the exchange runs
+    timer: RequestTimer | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Routing:
+    """Scheduling: prefix blocks (computed once) and expected cache hits."""
+
+    prefix: PrefixBlocks | None = None
+    #: replica name -> prompt tokens the prefix index expects cached there
+    #: (admission reserves prefill work = prompt - cached)
+    cached_tokens: dict[str, int] = field(default_factory=dict)
+    #: the llama.cpp slot the router wrote into the body (cleared on a retry elsewhere)
+    pinned_slot: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Admission:
+    """Admission: when the request joined the queue and was admitted."""
+
+    queued_at: float | None = None
+    admitted_at: float | None = None
+    #: run once when the first response byte arrives (ends the lease's prefill claim)
+    on_first_byte: Callable[[], None] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    """Forward: the current upstream exchange."""
+
+    sent_at: float
+    phase: str = "waiting_first_byte"  # then "streaming"
+    status: int | None = None
+    first_byte_at: float | None = None
+    usage: dict[str, Any] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -29,66 +133,86 @@ class RequestContext:
     headers: Mapping[str, str]  # lower-case names (see `header_map`)
     received_at: float
     client_host: str | None = None
-    # ingress
-    request: "ParsedRequest | None" = None
-    deadline: float | None = None
-    deadline_source: str = "config"
-    # deadlines (gateway/deadlines/deadline.py): the client's headers, the effective
-    # per-request timeouts, the session's deadline (a monotonic instant, set by
-    # the session stage), the response-start deadline (client SDK timeout)
-    client_deadlines: "ClientDeadlines | None" = None
-    timeouts: "TimeoutsConfig | None" = None
-    session_deadline: float | None = None
-    start_deadline: float | None = None
-    deadline_timer: "RequestTimer | None" = None
-    serving_task: asyncio.Task[Any] | None = None  # the asyncio task serving the request (set by the endpoint)
-    session_key: str | None = None
-    # policy / auth
+    serving_task: asyncio.Task[Any] | None = None
+    response: ClientResponse = field(default_factory=ClientResponse)
     tenant: str | None = None
-    task: str = "default"
-    priority: str = "standard"
-    policy: Any = None
-    prompt_tokens: int | None = None
-    output_limit: int | None = None
-    # route / admit
-    prefix: Any = None
-    # replica name -> prompt tokens the router expects cached there (admission: prefill = prompt - cached)
-    cached_tokens: dict[str, int] = field(default_factory=dict)
-    replica: "Replica | None" = None
+    parsed: Parsed | None = None
+    contract: Contract | None = None
+    deadline: Deadline | None = None
+    routing: Routing = field(default_factory=Routing)
+    admission: Admission = field(default_factory=Admission)
+    #: where the dispatch loop is before an exchange starts: ingress | routing | queued
+    progress: str = "ingress"
+    replica: Replica | None = None
     attempts: int = 0
-    queued_at: float | None = None
-    admitted_at: float | None = None
-    # forward
-    stage: str = "ingress"
-    response_started: bool = False
-    response_complete: bool = False
-    first_byte_at: float | None = None
-    # run once when the first response byte arrives (admission ends the lease's prefill claim)
-    first_byte_hooks: list[Callable[[], None]] = field(default_factory=list)
-    usage: dict[str, Any] | None = None
-    upstream_status: int | None = None
-    # settle
+    exchange: Exchange | None = None
     outcome: str = "pending"
     finished_at: float | None = None
-    response_headers: dict[str, str] = field(default_factory=dict)
-    upstream_headers: dict[str, str] = field(default_factory=dict)
-    notes: dict[str, Any] = field(default_factory=dict)
 
-    def mark_first_byte(self, now: float, run_hooks: bool = True) -> None:
-        """`run_hooks=False` when the whole answer arrived at once: what the hooks
-        would release early (the lease's prefill claim) is released by settling."""
-        self.first_byte_at = now
-        hooks, self.first_byte_hooks = self.first_byte_hooks, []
-        if not run_hooks:
-            return
-        for hook in hooks:
-            hook()
+    # --- read-only views over the records --------------------------------
+
+    @property
+    def request(self) -> ParsedRequest | None:
+        parsed = self.parsed
+        return parsed.request if parsed is not None else None
+
+    @property
+    def session_key(self) -> str | None:
+        parsed = self.parsed
+        return parsed.session_key if parsed is not None else None
+
+    @property
+    def task(self) -> str:
+        contract = self.contract
+        return contract.policy.name if contract is not None else "default"
+
+    @property
+    def priority(self) -> str:
+        contract = self.contract
+        return contract.policy.priority if contract is not None else "standard"
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        contract = self.contract
+        return contract.prompt_tokens if contract is not None else None
+
+    @property
+    def output_limit(self) -> int | None:
+        contract = self.contract
+        return contract.output_limit if contract is not None else None
+
+    @property
+    def stage(self) -> str:
+        """Where the request is: ingress, routing, queued, waiting_first_byte, streaming."""
+        exchange = self.exchange
+        return exchange.phase if exchange is not None else self.progress
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        exchange = self.exchange
+        return exchange.usage if exchange is not None else None
+
+    @property
+    def first_byte_at(self) -> float | None:
+        exchange = self.exchange
+        return exchange.first_byte_at if exchange is not None else None
+
+    @property
+    def upstream_status(self) -> int | None:
+        exchange = self.exchange
+        return exchange.status if exchange is not None else None
 
     @property
     def queue_seconds(self) -> float:
-        if self.queued_at is None or self.admitted_at is None:
+        a = self.admission
+        if a.queued_at is None or a.admitted_at is None:
             return 0.0
-        return max(0.0, self.admitted_at - self.queued_at)
+        return max(0.0, a.admitted_at - a.queued_at)
+
+    def gateway_headers(self) -> list[tuple[str, str]]:
+        """Headers every answer carries that the stages stated (the contract's)."""
+        contract = self.contract
+        return contract.headers() if contract is not None else []
 
 
 def header_map(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:

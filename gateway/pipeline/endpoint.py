@@ -12,18 +12,16 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.pipeline.context import RequestContext, header_map
 from gateway.errors import PayloadTooLarge, error_response
 from gateway.http.exchange import DISCONNECT_EXTENSION
-
-if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
-    from gateway.app import Gateway
+from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline.context import RequestContext, header_map
+from gateway.pipeline.pipeline import Pipeline
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -54,15 +52,19 @@ class CompletionsEndpoint:
     """Raw ASGI endpoint: reads the body under a size limit, then races the
     pipeline against the client's `http.disconnect` (no polling)."""
 
-    def __init__(self, endpoint: str, gateway: Gateway) -> None:
+    def __init__(self, endpoint: str, pipeline: Pipeline, new_request_id: Callable[[], str],
+                 max_body_bytes: int, metrics: GatewayMetrics) -> None:
         self._endpoint = endpoint
-        self._gw = gateway
+        self._pipeline = pipeline
+        self._new_request_id = new_request_id
+        self._max_body_bytes = max_body_bytes
+        self._metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = header_map(scope["headers"])
         rid = headers.get("x-request-id", "")
         ctx = RequestContext(
-            request_id=rid if _REQUEST_ID.match(rid) else self._gw.new_request_id(),
+            request_id=rid if _REQUEST_ID.match(rid) else self._new_request_id(),
             endpoint=self._endpoint,
             path=scope["path"],
             headers=headers,
@@ -71,16 +73,16 @@ class CompletionsEndpoint:
         )
         too_large: PayloadTooLarge | None = None  # answered outside the handler (setup.py)
         try:
-            raw = await _read_body(receive, headers, self._gw.config.limits.max_body_bytes)
+            raw = await _read_body(receive, headers, self._max_body_bytes)
         except PayloadTooLarge as err:
             too_large, raw = err.with_traceback(None), b""  # no frame ↔ traceback cycle
         except ClientGone:
-            self._gw.metrics.cancellations.labels("ingress").inc()
+            self._metrics.cancellations.labels("ingress").inc()
             return
         if too_large is not None:
             await error_response(too_large, ctx.request_id)(scope, receive, send)
             return
-        work = self._gw.pipeline.handle(ctx, raw, _TrackedSend(send, ctx))
+        work = self._pipeline.handle(ctx, raw, _TrackedSend(send, ctx))
         watch = scope.get("extensions", _NO_EXTENSIONS).get(DISCONNECT_EXTENSION) or _receive_watch(receive)
         await _race_disconnect(work, watch, ctx)
 
@@ -89,18 +91,24 @@ _NO_EXTENSIONS: Mapping[str, Any] = {}
 
 
 class _TrackedSend:
-    """The client's `send`, noting when the last body byte has gone out."""
+    """The client's `send`, recording in `ctx.response` that the response has
+    started (before the start message goes out: once it is attempted, no
+    other start may follow) and that its last body byte has gone out."""
 
-    __slots__ = ("_ctx", "_send")
+    __slots__ = ("_response", "_send")
 
     def __init__(self, send: Send, ctx: RequestContext) -> None:
         self._send = send
-        self._ctx = ctx
+        self._response = ctx.response
 
     async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._response.started = True
+            await self._send(message)
+            return
         await self._send(message)
         if message["type"] == "http.response.body" and not message.get("more_body", False):
-            self._ctx.response_complete = True
+            self._response.complete = True
 
 
 async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
@@ -141,7 +149,7 @@ async def _race_disconnect(work: Coroutine[Any, Any, None], watch: Watch, ctx: R
 
     def on_disconnect() -> None:
         nonlocal gone
-        if not ctx.response_complete and not gone:
+        if not ctx.response.complete and not gone:
             gone = True
             current.cancel()
 

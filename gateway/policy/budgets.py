@@ -21,11 +21,11 @@ policy's `session.idle_ttl_s` without activity.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from types import TracebackType
 
 import xxhash
 from prometheus_client import CollectorRegistry, Counter
@@ -34,7 +34,7 @@ from gateway.deadlines import deadline as deadlines
 from gateway.config.schema import GatewayConfig
 from gateway.pipeline.context import RequestContext
 from gateway.errors import RateLimited
-from gateway.policy.policyset import Policy, SessionSpec
+from gateway.policy.policyset import SessionSpec
 from gateway.state import Claim, Reservation, StateStore
 
 WINDOW_S = 60
@@ -66,23 +66,29 @@ class Budgets:
                                   "session budget, by reason.", ["reason"],
                                   registry=metrics_registry or CollectorRegistry())
 
-    def reserve(self, ctx: RequestContext) -> _Held:
+    @contextlib.asynccontextmanager
+    async def reserve(self, ctx: RequestContext) -> AsyncIterator[None]:
         """`async with budgets.reserve(ctx):` — reserve the worst case on entry
         (RateLimited if a limit is reached), settle with what happened on exit."""
-        return _Held(self, ctx)
+        held = await self._enter(ctx) if self.applies(ctx) else None
+        try:
+            yield
+        finally:
+            if held is not None:
+                await self._exit(ctx, held)
 
     def applies(self, ctx: RequestContext) -> bool:
         """Whether any limit or budget may apply (most requests: none, and
         entering is then free)."""
         if ctx.tenant is not None and ctx.tenant in self._cfg.auth.tenants:
             return True
-        policy = ctx.policy
-        return bool(ctx.session_key) and isinstance(policy, Policy) and policy.session is not None
+        contract = ctx.contract
+        return bool(ctx.session_key) and contract is not None and contract.policy.session is not None
 
     async def _enter(self, ctx: RequestContext) -> tuple[Reservation, list[Rule], int] | None:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0)
         rules = self._tenant_rules(ctx, worst)
-        session = ctx.policy.session if isinstance(ctx.policy, Policy) else None
+        session = ctx.contract.policy.session if ctx.contract is not None else None
         skey = self._session_key(ctx) if session is not None else None
         if session is not None and skey is not None:
             await self._check_duration(ctx, skey, session)
@@ -100,7 +106,8 @@ class Budgets:
         await asyncio.shield(self._store.settle(res, actual))
 
     async def _reserve(self, ctx: RequestContext, rules: list[Rule]) -> Reservation:
-        remaining = (ctx.deadline or time.monotonic()) - time.monotonic()
+        now = time.monotonic()
+        remaining = (ctx.deadline.at if ctx.deadline is not None else now) - now
         result = await self._store.reserve([r.claim for r in rules], max(1.0, remaining) + _RESERVATION_SLACK_S)
         if result.reservation is not None:
             return result.reservation
@@ -192,26 +199,3 @@ def _tokens_used(ctx: RequestContext, worst: int) -> int:
     if total is not None:
         return min(max(0, total), worst)
     return worst if ctx.upstream_status == 200 else 0
-
-
-class _Held:
-    """The context manager `Budgets.reserve` returns (a class: it runs once per
-    request on the hot path, and most requests have no budget to reserve)."""
-
-    __slots__ = ("_budgets", "_ctx", "_held")
-
-    def __init__(self, budgets: Budgets, ctx: RequestContext) -> None:
-        self._budgets = budgets
-        self._ctx = ctx
-        self._held: tuple[Reservation, list[Rule], int] | None = None
-
-    async def __aenter__(self) -> None:
-        if self._budgets.applies(self._ctx):
-            self._held = await self._budgets._enter(self._ctx)
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool:
-        held, self._held = self._held, None
-        if held is not None:
-            await self._budgets._exit(self._ctx, held)
-        return False

@@ -9,7 +9,7 @@ input limit, the output limit (default injected; clamp or reject), and the
 context check against the largest `max_model_len` among healthy replicas
 serving the model (skipped while unknown). The policy's `deadline` and
 `timeouts` are applied next by `gateway.deadlines.resolve` (it reads
-`ctx.policy`).
+`ctx.contract`).
 
 The active policy set is one immutable object swapped by `reload()`; a
 request reads it once, so a reload never mixes two sets in one request.
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.config.decode import ConfigError
-from gateway.pipeline.context import RequestContext
+from gateway.pipeline.context import Contract, RequestContext
 from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
 from gateway.observability.cells import LockFreeCounter
 from gateway.observability.metrics import Children
@@ -135,38 +135,31 @@ class PolicyStage:
         assert req is not None
         tenant = self._cfg.auth.tenants.get(ctx.tenant) if ctx.tenant is not None else None
         policy = resolve(active.policies, ctx, req, tenant)
-        ctx.policy, ctx.task, ctx.priority = policy, policy.name, policy.priority
-        ctx.response_headers["x-gateway-task"] = policy.name
+        contract = ctx.contract = Contract(policy)
         alias = active.policies.by_alias.get(req.model or "")
         if alias is not None and alias.model:
-            ctx.notes["model_alias"] = req.model
             req.set_model(alias.model)
         if policy.isolation == "tenant":
             _isolate(req, ctx.tenant, self._cfg.auth.isolation_secret)
         replicas = serving_replicas(self._registry, req.model)
         counted = active.counters[policy.name].count_now(req, replicas)
         if not isinstance(counted, TokenCount):
-            return self._limit_when_counted(ctx, req, policy, replicas, counted)
-        self._limit(ctx, req, policy, replicas, counted)
+            return self._limit_when_counted(contract, req, replicas, counted)
+        self._limit(contract, req, replicas, counted)
         return None
 
-    async def _limit_when_counted(self, ctx: RequestContext, req: ParsedRequest, policy: Policy,
+    async def _limit_when_counted(self, contract: Contract, req: ParsedRequest,
                                   replicas: list[Replica], counting: Awaitable[TokenCount]) -> None:
-        self._limit(ctx, req, policy, replicas, await counting)
+        self._limit(contract, req, replicas, await counting)
 
-    def _limit(self, ctx: RequestContext, req: ParsedRequest, policy: Policy, replicas: list[Replica],
+    def _limit(self, contract: Contract, req: ParsedRequest, replicas: list[Replica],
                counted: TokenCount) -> None:
         self.metrics.token_counts_by(counted.source).inc()
-        ctx.prompt_tokens = counted.tokens
-        ctx.notes["prompt_tokens_source"] = counted.source
-        ctx.response_headers["x-gateway-input-tokens"] = str(counted.tokens)
-        _check_input(ctx, req, policy)
-        output = _output_limit(ctx, req, policy, _max_model_len(replicas))
-        if "x-gateway-output-clamped-from" in ctx.response_headers:
-            self.metrics.output_clamped.labels(policy.name).inc()
-        ctx.output_limit = output
-        ctx.notes["required_context"] = counted.tokens + output
-        ctx.response_headers["x-gateway-output-limit"] = str(output)
+        contract.prompt_tokens = counted.tokens
+        _check_input(contract, req)
+        contract.output_limit = _output_limit(contract, req, _max_model_len(replicas))
+        if contract.clamped_from is not None:
+            self.metrics.output_clamped.labels(contract.policy.name).inc()
 
 
 def resolve(policies: PolicySet, ctx: RequestContext, req: ParsedRequest,
@@ -220,8 +213,9 @@ def _input_param(req: ParsedRequest) -> str:
     return "messages" if req.endpoint == "chat" else "prompt"
 
 
-def _check_input(ctx: RequestContext, req: ParsedRequest, policy: Policy) -> None:
-    limit, tokens = policy.limits.max_input_tokens, ctx.prompt_tokens or 0
+def _check_input(contract: Contract, req: ParsedRequest) -> None:
+    policy = contract.policy
+    limit, tokens = policy.limits.max_input_tokens, contract.prompt_tokens or 0
     if limit is not None and tokens > limit:
         raise ContextLengthExceeded(
             f"The input of this request is {tokens} tokens, over the {limit}-token input limit of "
@@ -229,8 +223,9 @@ def _check_input(ctx: RequestContext, req: ParsedRequest, policy: Policy) -> Non
             param=_input_param(req))
 
 
-def _output_limit(ctx: RequestContext, req: ParsedRequest, policy: Policy, max_model_len: int | None) -> int:
-    lim, prompt = policy.limits, ctx.prompt_tokens or 0
+def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | None) -> int:
+    policy = contract.policy
+    lim, prompt = policy.limits, contract.prompt_tokens or 0
     requested, param = req.requested_output, req.output_field or "max_tokens"
     injected = requested is None
     if requested is None:
@@ -242,7 +237,7 @@ def _output_limit(ctx: RequestContext, req: ParsedRequest, policy: Policy, max_m
                              f"task '{policy.name}'.", param=param, code="output_limit_exceeded",
                              reason="output_limit_exceeded")
         output = lim.max_output_tokens
-        ctx.response_headers["x-gateway-output-clamped-from"] = str(requested)
+        contract.clamped_from = requested
     else:
         output = requested
     if max_model_len is None:

@@ -1,4 +1,4 @@
-"""Poll each replica's live state (`gateway.engines.metrics`) into `Replica.state`.
+"""Poll each replica's live state (`gateway.engines.readings`) into `Replica.live`.
 
 One task per replica, one request at a time, every `admission.poll_interval_s`
 (jittered ±20 %), each GET bounded by `admission.poll_timeout_s`. vLLM:
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.admission.livestate import ReplicaLive
 from gateway.config.schema import AdmissionConfig
 from gateway.engines.readings import (
     EngineReading,
@@ -27,9 +28,7 @@ from gateway.engines.readings import (
     parse_vllm_metrics,
 )
 from gateway.errors import GatewayError
-from gateway.admission.livestate import ReplicaLive
-from gateway.replicas.registry import Replica, ReplicaRegistry
-from gateway.forward.upstream import UpstreamClient
+from gateway.replicas.registry import ProbeClient, Replica, ReplicaRegistry
 
 log = logging.getLogger("gateway.replicas.poller")
 
@@ -39,7 +38,7 @@ class PollError(Exception):
 
 
 class LiveStatePoller:
-    def __init__(self, registry: ReplicaRegistry, client: UpstreamClient, cfg: AdmissionConfig,
+    def __init__(self, registry: ReplicaRegistry, client: ProbeClient, cfg: AdmissionConfig,
                  trackers: dict[str, ReplicaLive], on_update: Callable[[Replica], None],
                  rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._registry = registry
@@ -82,7 +81,7 @@ class LiveStatePoller:
                 log.warning("replica %s stopped answering live-state polls: %s", replica.name, exc)
         else:
             tracker.observe(reading, self._clock())
-        replica.state = tracker.state
+        replica.live = tracker.state
         self._on_update(replica)
 
     async def _read(self, replica: Replica) -> EngineReading:

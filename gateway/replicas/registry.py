@@ -16,14 +16,31 @@ import json
 import logging
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from gateway.admission.livestate import LiveState
 from gateway.config.schema import HealthConfig, ReplicaConfig
 from gateway.errors import GatewayError
-from gateway.forward.upstream import UpstreamClient
 
 log = logging.getLogger("gateway.replicas.registry")
+
+
+class ProbeAnswer(Protocol):
+    @property
+    def status(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+
+
+class ProbeClient(Protocol):
+    """What health checks and live-state polls need of the upstream client
+    (`gateway.forward.upstream.UpstreamClient`)."""
+
+    async def get(self, url: str, timeout: float, headers: Mapping[str, str] | None = None) -> ProbeAnswer:
+        """A small bounded GET; GatewayError when it fails."""
+        ...
 
 
 @dataclass(eq=False)
@@ -39,7 +56,8 @@ class Replica:
     models: list[dict[str, Any]] = field(default_factory=list)
     max_model_len: int | None = None
     in_flight: int = 0
-    state: Any = None  # live engine state (admission issue); None until polled
+    #: engine readings merged with the admission ledger (None until admission tracks it)
+    live: LiveState | None = None
     # copies of config.name / config.url (read many times per request)
     name: str = field(init=False)
     url: str = field(init=False)
@@ -67,8 +85,7 @@ class Replica:
             "models": [m.get("id") for m in self.models],
             "max_model_len": self.max_model_len,
             "in_flight": self.in_flight,
-            # live KV/prefill/ledger numbers (gateway.livestate.LiveState) once admission tracks it
-            "live": self.state.describe() if hasattr(self.state, "describe") else None,
+            "live": self.live.describe() if self.live is not None else None,
         }
 
 
@@ -107,7 +124,7 @@ class ReplicaRegistry:
 
 
 class HealthMonitor:
-    def __init__(self, registry: ReplicaRegistry, client: UpstreamClient, cfg: HealthConfig,
+    def __init__(self, registry: ReplicaRegistry, client: ProbeClient, cfg: HealthConfig,
                  rng: random.Random | None = None) -> None:
         self._registry = registry
         self._client = client
@@ -202,7 +219,7 @@ class HealthMonitor:
                 replica.max_model_len = min(found)
 
 
-async def read_llamacpp_n_ctx(client: UpstreamClient, replica: Replica, timeout: float) -> int | None:
+async def read_llamacpp_n_ctx(client: ProbeClient, replica: Replica, timeout: float) -> int | None:
     """Per-slot context size of a llama.cpp server (`/props`)."""
     try:
         resp = await client.get(replica.url + "/props", timeout, replica.auth_headers())

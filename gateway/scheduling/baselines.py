@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
+from gateway.scheduling.cycle import Ranking
 from gateway.scheduling.hashing import bounded_load_choice
 
 if TYPE_CHECKING:
@@ -22,23 +23,23 @@ class RoundRobinRouter:
     def __init__(self) -> None:
         self._counter = itertools.count()
 
-    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> Ranking:
         if not candidates:
-            return []
+            return Ranking([])
         start = next(self._counter) % len(candidates)
-        return candidates[start:] + candidates[:start]
+        return Ranking(candidates[start:] + candidates[:start])
 
-    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
+    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
         return None
 
 
 class LeastLoadRouter:
     """Fewest in-flight requests per unit weight first; ties by weight, then config order."""
 
-    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
-        return _least_load(candidates)
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> Ranking:
+        return Ranking(_least_load(candidates))
 
-    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
+    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
         return None
 
 
@@ -46,13 +47,13 @@ class SessionHashRouter:
     def __init__(self, load_factor: float) -> None:
         self._factor = load_factor
 
-    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> Ranking:
         key = ctx.session_key
         if not key or not candidates:
-            return _least_load(candidates)
+            return Ranking(_least_load(candidates))
         loads = [float(r.in_flight) for r in candidates]
         first = bounded_load_choice(key, candidates, loads, self._factor)
-        return [first] + [r for r in _least_load(candidates) if r is not first]
+        return Ranking([first] + [r for r in _least_load(candidates) if r is not first])
 
-    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
+    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
         return None

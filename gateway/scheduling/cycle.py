@@ -78,6 +78,17 @@ class Cycle:
         return self.loads[replica.name]
 
 
+@dataclass(slots=True)
+class Ranking:
+    """A router's answer: the candidates best first, plus what it computed on
+    the way, handed back to `Router.on_routed` once admission chose one."""
+
+    replicas: list[Replica]
+    cycle: Cycle | None = None
+    #: (replica, indexed tokens) when one replica was ranked without a cycle
+    lone_match: tuple[str, int] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Threshold:
     """Far above the others: at least `absolute` AND at least `ratio` × the others' mean."""

@@ -22,8 +22,8 @@ from gateway.pipeline.context import RequestContext
 from gateway.scheduling.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
 from gateway.ingress.protocol import prompt_parts
 from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
-from gateway.scheduling.config import SchedulingConfig
-from gateway.scheduling.cycle import Cycle, Load, Threshold, find_hot, indexed_tokens
+from gateway.config.scheduling import SchedulingConfig
+from gateway.scheduling.cycle import Cycle, Load, Ranking, Threshold, find_hot, indexed_tokens
 from gateway.scheduling.hashing import bounded_load_choice
 from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
 from gateway.scheduling.metrics import SchedulingMetrics
@@ -32,6 +32,7 @@ from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.slots import SlotPinner
 from gateway.scheduling.engine_view import capacity_tokens, engine_view
 from gateway.scheduling.tracker import Routed, Tracker
+from gateway.scheduling.validate import validate
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -40,16 +41,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.scheduling")
 
-_CYCLE = "routing_cycle"
-_LONE = "routing_lone_match"  # (replica name, indexed tokens) when ranked without a cycle
-
 
 class Router(Protocol):
-    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> Ranking:
         """Candidates in order of preference (best first); never adds replicas."""
         ...
 
-    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
+    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
         """Learn from the final decision (e.g. the prefix index)."""
         ...
 
@@ -65,23 +63,20 @@ class SchedulingRouter:
         self._slots = SlotPinner(cfg.llamacpp_slots)
         self._indexes: dict[str, PrefixIndex] = {}
 
-    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> list[Replica]:
-        """Also sets `ctx.cached_tokens`: the prompt tokens the prefix index
-        expects cached on each candidate, which admission subtracts from the
-        prefill work it reserves."""
+    def rank(self, ctx: RequestContext, candidates: list[Replica]) -> Ranking:
+        """Also sets `ctx.routing.cached_tokens`: the prompt tokens the prefix
+        index expects cached on each candidate, which admission subtracts from
+        the prefill work it reserves."""
         if len(candidates) == 1 and candidates[0].healthy:
             # Nothing to choose (the filters keep a lone healthy replica, the
             # picker orders one): only its expected cache hit is computed.
             lone = candidates[0]
-            ctx.notes.pop(_CYCLE, None)  # an earlier attempt's, if any
             matched = self._indexed(ctx, lone)
-            ctx.notes[_LONE] = (lone.name, matched)
-            ctx.cached_tokens = {lone.name: matched} if matched else {}
-            return list(candidates)
+            ctx.routing.cached_tokens = {lone.name: matched} if matched else {}
+            return Ranking(list(candidates), lone_match=(lone.name, matched))
         cycle = self.cycle(ctx, candidates)
-        ctx.notes[_CYCLE] = cycle
-        ctx.cached_tokens = {r.name: n for r in candidates if (n := cycle.indexed_tokens(r))}
-        return self.profile.run(cycle, list(candidates))
+        ctx.routing.cached_tokens = {r.name: n for r in candidates if (n := cycle.indexed_tokens(r))}
+        return Ranking(self.profile.run(cycle, list(candidates)), cycle)
 
     def _indexed(self, ctx: RequestContext, replica: Replica) -> int:
         """Tokens of the prompt the replica's prefix index holds (0 for a prompt
@@ -92,16 +87,16 @@ class SchedulingRouter:
         index = self.index(replica, capacity_tokens(replica))
         return indexed_tokens(index.matched_blocks(blocks.hashes), self.prompt_tokens(ctx, blocks), blocks)
 
-    def on_routed(self, ctx: RequestContext, replica: Replica) -> None:
-        cycle = ctx.notes.get(_CYCLE)
+    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
+        cycle = ranking.cycle
         blocks = self.blocks(ctx)
-        if isinstance(cycle, Cycle):
+        if cycle is not None:
             prompt_tokens = cycle.prompt_tokens
             matched = cycle.indexed_tokens(replica) if replica.name in cycle.matched_blocks else 0
         else:  # ranked without a cycle (a lone replica): what `rank` found, if for this replica
             prompt_tokens = self.prompt_tokens(ctx, blocks)
-            lone = ctx.notes.get(_LONE)
-            matched = lone[1] if isinstance(lone, tuple) and lone[0] == replica.name else self._indexed(ctx, replica)
+            lone = ranking.lone_match
+            matched = lone[1] if lone is not None and lone[0] == replica.name else self._indexed(ctx, replica)
         if blocks.hashes:  # a prompt shorter than one block has nothing to index
             self.index(replica, capacity_tokens(replica)).insert(blocks.hashes)
         slot = self._slots.apply(ctx, replica, self._tracker)
@@ -144,14 +139,14 @@ class SchedulingRouter:
         return max(0, ctx.prompt_tokens or round(blocks.prompt_bytes / self._cfg.chars_per_token))
 
     def blocks(self, ctx: RequestContext) -> PrefixBlocks:
-        if isinstance(ctx.prefix, PrefixBlocks):
-            return ctx.prefix
+        if ctx.routing.prefix is not None:
+            return ctx.routing.prefix
         req = ctx.request
         assert req is not None
         salt = req.body.get("cache_salt")
         blocks = prefix_blocks(prompt_parts(req), req.model, salt if isinstance(salt, str) else None,
                                self._cfg.block_bytes)
-        ctx.prefix = blocks
+        ctx.routing.prefix = blocks
         return blocks
 
     def _load(self, replica: Replica) -> Load:
@@ -232,6 +227,8 @@ def _as_picker(p: object) -> Picker:
 def build_router(cfg: SchedulingConfig, *, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  can_admit: AdmitCheck | None = None) -> Router:
+    """The router `cfg.policy` names; ConfigError if `cfg`'s plugin specs are invalid."""
+    validate(cfg)
     if cfg.policy == "round-robin":
         return RoundRobinRouter()
     if cfg.policy == "least-load":

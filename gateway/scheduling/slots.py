@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from gateway.pipeline.context import RequestContext
     from gateway.replicas.registry import Replica
 
-_MARK = "id_slot_by_gateway"
 
 
 class SlotPinner:
@@ -33,8 +32,10 @@ class SlotPinner:
         """Set (or clear) the gateway's `id_slot` in the body; return the slot set."""
         assert ctx.request is not None
         body = ctx.request.body
-        if ctx.notes.pop(_MARK, False):
+        routing = ctx.routing
+        if routing.pinned_slot is not None:
             body.pop("id_slot", None)  # an earlier attempt on another replica
+            routing.pinned_slot = None
         key = ctx.session_key
         if replica.kind != "llamacpp" or not key or "id_slot" in body:
             return None
@@ -47,7 +48,7 @@ class SlotPinner:
         slot = self._choose(replica.name, key, count, busy)
         if slot is not None:
             body["id_slot"] = slot
-            ctx.notes[_MARK] = True
+            routing.pinned_slot = slot
         return slot
 
     def _choose(self, replica: str, key: str, count: int, busy: set[int]) -> int | None:

@@ -16,20 +16,37 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gateway.sim.batching import BatchScheduler
+from gateway.sim.config import SimConfig
+from gateway.sim.engine import Totals
+from gateway.sim.faults import Faults
 from gateway.sim.llamabodies import generation_params, models_body, props_body
-from gateway.sim.metrics import llamacpp_metrics_text
+from gateway.sim.metrics import VllmMetrics, llamacpp_metrics_text
 from gateway.sim.protocol import SimHTTPError, decode_body, error, error_body
 from gateway.sim.slots import Slot, SlotScheduler
 from gateway.sim.tokens import render_chat, token_pieces, tokenize
 
-if TYPE_CHECKING:
-    from gateway.sim.app import SimReplica
+
+
+class SimReplica(Protocol):
+    """What these routes read of a simulated replica (`gateway.sim.app.SimReplica`)."""
+
+    config: SimConfig
+    faults: Faults
+    metrics: VllmMetrics | None
+    scheduler: BatchScheduler | SlotScheduler
+
+    def check_auth(self, request: Request) -> None: ...
+
+    def check_loading(self) -> None: ...
+
+    def snapshot(self) -> tuple[Totals, dict[str, Any]]: ...
 
 Handler = Callable[[Request], Awaitable[Response]]
 VLLM_VERSION = "0.11.0"
