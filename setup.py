@@ -46,8 +46,10 @@ _BUILD_COMMANDS = {"build", "build_ext", "bdist", "bdist_wheel", "install"}
 def _compile() -> bool:
     mode = os.environ.get("GATEWAY_COMPILE", "0").strip() or "0"
     if mode not in ("0", "1"):
-        raise SystemExit(f"GATEWAY_COMPILE={mode!r}: expected 1 (compile or fail) or 0 (pure Python, "
-                         "the default)")
+        raise SystemExit(
+            f"GATEWAY_COMPILE={mode!r}: expected 1 (compile or fail) or 0 (pure Python, "
+            "the default)"
+        )
     return mode == "1"
 
 

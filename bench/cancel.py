@@ -91,8 +91,10 @@ def _queued(gw: RunningGateway, sims: Sims) -> tuple[float, int]:
 
 
 STAGES: dict[str, Callable[[RunningGateway, Sims], tuple[float, int]]] = {
-    "streaming": _streaming, "generating_whole": _generating_whole,
-    "waiting_first_byte": _waiting_first_byte, "queued": _queued,
+    "streaming": _streaming,
+    "generating_whole": _generating_whole,
+    "waiting_first_byte": _waiting_first_byte,
+    "queued": _queued,
 }
 
 
@@ -106,44 +108,72 @@ def run(flavor: Flavor, stage: str, samples: int, speed: float) -> dict[str, Any
     admission = AdmissionConfig(max_in_flight=1) if stage == "queued" else AdmissionConfig()
     latencies: list[float] = []
     freed: list[int] = []
-    with running_sims([cfg]) as sims, running_gateway([ReplicaConfig(url=sims.urls[0], kind=flavor)],
-                                                      admission=admission) as gw:
+    with (
+        running_sims([cfg]) as sims,
+        running_gateway([ReplicaConfig(url=sims.urls[0], kind=flavor)], admission=admission) as gw,
+    ):
         for _ in range(samples):
             sims.reset()
             latency, blocks = STAGES[stage](gw, sims)
             latencies.append(latency)
             freed.append(blocks)
     ms = [x * 1000 for x in latencies]
-    return {"flavor": flavor, "stage": stage, "n": samples, "p50_ms": round(_pct(ms, 0.5), 2),
-            "p99_ms": round(_pct(ms, 0.99), 2), "max_ms": round(max(ms), 2),
-            "mean_ms": round(statistics.fmean(ms), 2), "kv_blocks_freed_mean": statistics.fmean(freed)}
+    return {
+        "flavor": flavor,
+        "stage": stage,
+        "n": samples,
+        "p50_ms": round(_pct(ms, 0.5), 2),
+        "p99_ms": round(_pct(ms, 0.99), 2),
+        "max_ms": round(max(ms), 2),
+        "mean_ms": round(statistics.fmean(ms), 2),
+        "kv_blocks_freed_mean": statistics.fmean(freed),
+    }
 
 
 def markdown(rows: list[dict[str, Any]], speed: float) -> str:
-    lines = ["# Cancellation latency: client close → engine abort", "",
-             (f"Simulator speed {speed:g}x (llama.cpp's 1 s disconnect poll is {1000 / speed:.0f} ms here). "
-              "`queued`: time until the gateway counted the cancellation; the engine never saw the request."), "",
-             "| flavour | stage | n | p50 ms | p99 ms | max ms | KV blocks freed (mean) |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['flavor']} | {r['stage']} | {r['n']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | "
-              f"{r['kv_blocks_freed_mean']:.1f} |" for r in rows]
+    lines = [
+        "# Cancellation latency: client close → engine abort",
+        "",
+        (
+            f"Simulator speed {speed:g}x (llama.cpp's 1 s disconnect poll is {1000 / speed:.0f} "
+            "ms here). "
+            "`queued`: time until the gateway counted the cancellation; the engine never saw the "
+            "request."
+        ),
+        "",
+        "| flavour | stage | n | p50 ms | p99 ms | max ms | KV blocks freed (mean) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['flavor']} | {r['stage']} | {r['n']} | {r['p50_ms']} | {r['p99_ms']} | "
+        f"{r['max_ms']} | "
+        f"{r['kv_blocks_freed_mean']:.1f} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
 def _manifest(args: argparse.Namespace) -> dict[str, Any]:
-    return {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "samples": args.samples,
-            "speed": args.speed, "max_tokens": MAX_TOKENS,
-            "versions": {p: importlib.metadata.version(p) for p in ("aiohttp", "uvicorn", "starlette")}}
+    return {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "samples": args.samples,
+        "speed": args.speed,
+        "max_tokens": MAX_TOKENS,
+        "versions": {p: importlib.metadata.version(p) for p in ("aiohttp", "uvicorn", "starlette")},
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--speed", type=float, default=20.0)
     args = parser.parse_args()
-    rows = [run(flavor, stage, args.samples, args.speed)
-            for flavor in FLAVORS for stage in STAGES]
+    rows = [run(flavor, stage, args.samples, args.speed) for flavor in FLAVORS for stage in STAGES]
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {"manifest": _manifest(args), "rows": rows}
     (RESULTS / "cancel.json").write_text(json.dumps(result, indent=2) + "\n")

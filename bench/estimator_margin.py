@@ -28,11 +28,48 @@ from pathlib import Path
 
 from gateway.policy.estimate import estimate_text
 
-MODULES = ("json", "os", "re", "asyncio.tasks", "collections", "argparse", "email.message", "http.client",
-           "logging", "subprocess", "typing", "dataclasses", "functools", "pathlib", "shutil", "socket",
-           "threading", "unittest.case", "urllib.request", "zipfile", "tarfile", "datetime", "decimal",
-           "fractions", "statistics", "random", "string", "textwrap", "difflib", "inspect", "pickle",
-           "csv", "configparser", "heapq", "bisect", "contextlib", "enum", "ipaddress", "shlex", "uuid")
+MODULES = (
+    "json",
+    "os",
+    "re",
+    "asyncio.tasks",
+    "collections",
+    "argparse",
+    "email.message",
+    "http.client",
+    "logging",
+    "subprocess",
+    "typing",
+    "dataclasses",
+    "functools",
+    "pathlib",
+    "shutil",
+    "socket",
+    "threading",
+    "unittest.case",
+    "urllib.request",
+    "zipfile",
+    "tarfile",
+    "datetime",
+    "decimal",
+    "fractions",
+    "statistics",
+    "random",
+    "string",
+    "textwrap",
+    "difflib",
+    "inspect",
+    "pickle",
+    "csv",
+    "configparser",
+    "heapq",
+    "bisect",
+    "contextlib",
+    "enum",
+    "ipaddress",
+    "shlex",
+    "uuid",
+)
 SAMPLE_CHARS = 1500
 ROOT = Path(__file__).resolve().parent
 
@@ -78,8 +115,10 @@ def tokenizers() -> dict[str, Callable[[str], int]]:
     out: dict[str, Callable[[str], int]] = {
         "tekken-131k": lambda t: len(tek.encode(t, bos=False, eos=False)),
     }
-    for label, fname in (("sentencepiece-v1-32k", "tokenizer.model.v1"),
-                         ("sentencepiece-v3-32k", "mistral_instruct_tokenizer_240323.model.v3")):
+    for label, fname in (
+        ("sentencepiece-v1-32k", "tokenizer.model.v1"),
+        ("sentencepiece-v3-32k", "mistral_instruct_tokenizer_240323.model.v3"),
+    ):
         sp = spm.SentencePieceProcessor(model_file=os.path.join(data, fname))
         out[label] = lambda t, sp=sp: len(sp.encode(t))
     return out
@@ -92,8 +131,10 @@ def measure() -> dict[str, dict[str, dict[str, float]]]:
         for cname, samples in corpora.items():
             ratios = [estimate_text(s) / max(1, count(s)) for s in samples]
             results.setdefault(tname, {})[cname] = {
-                "samples": len(samples), "min_ratio": round(min(ratios), 3),
-                "median_ratio": round(statistics.median(ratios), 3), "max_ratio": round(max(ratios), 3),
+                "samples": len(samples),
+                "min_ratio": round(min(ratios), 3),
+                "median_ratio": round(statistics.median(ratios), 3),
+                "max_ratio": round(max(ratios), 3),
             }
     return results
 
@@ -103,11 +144,16 @@ def main() -> int:
     out = ROOT / "results"
     out.mkdir(exist_ok=True)
     (out / "estimator_margin.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = ["| tokenizer | corpus | samples | min estimate/real | median | max |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| tokenizer | corpus | samples | min estimate/real | median | max |",
+        "|---|---|---|---|---|---|",
+    ]
     for tname, per in results.items():
         for cname, r in per.items():
-            lines.append(f"| {tname} | {cname} | {r['samples']} | {r['min_ratio']} | {r['median_ratio']} "
-                         f"| {r['max_ratio']} |")
+            lines.append(
+                f"| {tname} | {cname} | {r['samples']} | {r['min_ratio']} | {r['median_ratio']} "
+                f"| {r['max_ratio']} |"
+            )
     (out / "estimator_margin.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

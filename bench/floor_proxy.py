@@ -25,7 +25,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
+_DROP = frozenset(
+    {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
+)
 _HEADERS = {"content-type": "application/json"}
 
 
@@ -87,9 +89,13 @@ async def _answer(send: Send, status: int, body: bytes) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--replica", required=True, help="vllm=http://127.0.0.1:PORT (the kind is ignored)")
+    p.add_argument(
+        "--replica", required=True, help="vllm=http://127.0.0.1:PORT (the kind is ignored)"
+    )
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--admin-port", type=int, default=0, help="accepted for symmetry with the gateway; unused")
+    p.add_argument(
+        "--admin-port", type=int, default=0, help="accepted for symmetry with the gateway; unused"
+    )
     args = p.parse_args()
     url = args.replica.split("=", 1)[-1]
     server = LeanServer(FloorProxy(url), "127.0.0.1", args.port)

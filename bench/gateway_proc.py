@@ -25,9 +25,13 @@ def main() -> None:
     kind, url = args.replica.split("=", 1)
     engine = cast(Literal["auto", "vllm", "llamacpp"], kind)
     server = cast(Literal["lean", "uvicorn"], args.server)
-    cfg = GatewayConfig(listen=ListenConfig(port=args.port, admin_port=args.admin_port, server=server),
-                        replicas=(ReplicaConfig(url=url, kind=engine),))
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    cfg = GatewayConfig(
+        listen=ListenConfig(port=args.port, admin_port=args.admin_port, server=server),
+        replicas=(ReplicaConfig(url=url, kind=engine),),
+    )
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     gw = create_app(cfg)
     listeners = gw.listeners()
 

@@ -22,32 +22,65 @@ REQUEST_TIMEOUT_S = 60.0
 
 def small_body(stream: bool) -> bytes:
     # Flags first: the zero-delay upstream looks for them in the first/last bytes.
-    return json.dumps({"stream": stream, "max_tokens": 16, "model": MODEL,
-                       "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+    return json.dumps(
+        {
+            "stream": stream,
+            "max_tokens": 16,
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Say hello."}],
+        }
+    ).encode()
 
 
 def agent_body(target_bytes: int = 400_000) -> bytes:
     """An agent-shaped request: system prompt, tool schemas, and a long
     history of user / assistant tool calls / tool results, ~`target_bytes`."""
-    tools = [{"type": "function", "function": {
-        "name": f"tool_{i}", "description": "Run a repository operation. " * 8,
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "file path"},
-            "query": {"type": "string", "description": "search text"}}, "required": ["path"]}}}
-        for i in range(12)]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "Run a repository operation. " * 8,
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "file path"},
+                        "query": {"type": "string", "description": "search text"},
+                    },
+                    "required": ["path"],
+                },
+            },
+        }
+        for i in range(12)
+    ]
     messages: list[dict[str, object]] = [
-        {"role": "system", "content": "You are a coding agent working in a large repository. " * 40}]
+        {"role": "system", "content": "You are a coding agent working in a large repository. " * 40}
+    ]
     filler = "def handler(request):\n    return process(request.body)  # result line\n" * 40
     i = 0
     while len(json.dumps(messages)) < target_bytes - 4000 and i < 10_000:
         messages.append({"role": "user", "content": f"Step {i}: inspect the next module."})
-        messages.append({"role": "assistant", "content": None, "tool_calls": [{
-            "id": f"call_{i}", "type": "function",
-            "function": {"name": "tool_1", "arguments": json.dumps({"path": f"src/m{i}.py"})}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {
+                            "name": "tool_1",
+                            "arguments": json.dumps({"path": f"src/m{i}.py"}),
+                        },
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": filler})
         i += 1
-    return json.dumps({"stream": False, "max_tokens": 16, "model": MODEL,
-                       "tools": tools, "messages": messages}).encode()
+    return json.dumps(
+        {"stream": False, "max_tokens": 16, "model": MODEL, "tools": tools, "messages": messages}
+    ).encode()
 
 
 @dataclass
@@ -78,18 +111,21 @@ def merge_results(parts: list[LoadResult]) -> LoadResult:
         out.ok += part.ok
         out.errors += part.errors
         out.unfinished += part.unfinished
-        out.error_samples += part.error_samples[:max(0, 5 - len(out.error_samples))]
+        out.error_samples += part.error_samples[: max(0, 5 - len(out.error_samples))]
         out.wall_s += part.wall_s
     return out
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool,
-               res: LoadResult) -> None:
+async def _one(
+    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, res: LoadResult
+) -> None:
     t0 = time.perf_counter()
     first: float | None = None
     events = 0
     try:
-        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        async with session.post(
+            url, data=body, headers={"Content-Type": "application/json"}
+        ) as resp:
             if stream:
                 prev_nl = False
                 async for data in resp.content.iter_any():
@@ -113,8 +149,16 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bo
     res.ok += 1
 
 
-async def run_load(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool,
-                   concurrency: int, max_requests: int, duration_s: float, grace_s: float) -> LoadResult:
+async def run_load(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    stream: bool,
+    concurrency: int,
+    max_requests: int,
+    duration_s: float,
+    grace_s: float,
+) -> LoadResult:
     """No new request after `duration_s`; requests still in flight `grace_s`
     later are cancelled and counted as `unfinished` (so a proxy that falls
     far behind cannot stretch the run)."""
@@ -140,10 +184,14 @@ async def run_load(session: aiohttp.ClientSession, url: str, body: bytes, stream
 
 
 def make_session(max_connections: int) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections,
-                                     keepalive_timeout=60)
-    return aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+    connector = aiohttp.TCPConnector(
+        limit=max_connections, limit_per_host=max_connections, keepalive_timeout=60
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+    )
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -41,7 +41,9 @@ def _router_version(router_bin: str | None) -> str | None:
         return None
     code = "import importlib.metadata as m; print(m.version('vllm-router'))"
     try:
-        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=20, check=False)
+        out = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=20, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
@@ -50,14 +52,17 @@ def _router_version(router_bin: str | None) -> str | None:
 def _git(root: Path, *args: str) -> str | None:
     """Read-only git queries (commit, dirty tree)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                             timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def manifest(args: argparse.Namespace, router_bin: str | None, urls: dict[str, str]) -> dict[str, Any]:
+def manifest(
+    args: argparse.Namespace, router_bin: str | None, urls: dict[str, str]
+) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
@@ -71,13 +76,18 @@ def manifest(args: argparse.Namespace, router_bin: str | None, urls: dict[str, s
         "git_commit": _git(ROOT, "rev-parse", "HEAD"),
         "git_dirty_files": len((_git(ROOT, "status", "--porcelain") or "").splitlines()),
         "args": {k: v for k, v in vars(args).items()},
-        "budget": (f"{'0.3' if args.quick else '1.0'} s warm-up, then {args.measure_s or (1.5 if args.quick else 5.0)} s "
-                   f"measured per cell and target in {args.rounds} interleaved windows (each later one after "
-                   f"{'0.2' if args.quick else '0.3'} s of warm-up)"),
+        "budget": (
+            f"{'0.3' if args.quick else '1.0'} s warm-up, then "
+            f"{args.measure_s or (1.5 if args.quick else 5.0)} s "
+            f"measured per cell and target in {args.rounds} interleaved windows (each later one "
+            "after "
+            f"{'0.2' if args.quick else '0.3'} s of warm-up)"
+        ),
         "targets": urls,
         "notes": [
             "one zero-delay upstream process (raw ASGI, uvicorn + uvloop + httptools)",
-            "gateway as shipped: `gateway serve --replica vllm=URL` (default config, log_level info)",
+            "gateway as shipped: `gateway serve --replica vllm=URL` (default config, log_level "
+            "info)",
             "vllm-router --policy round_robin --disable-retries --disable-circuit-breaker",
             "load generator: this process, aiohttp on uvloop, closed loop at the given concurrency",
         ],

@@ -62,8 +62,11 @@ class Cls:
     ttft_target: float  # simulated seconds
 
 
-CLASSES = (Cls("interactive", 0.4, 1000, 128, 2.0), Cls("standard", 0.4, 3000, 256, 10.0),
-           Cls("batch", 0.2, 6000, 512, 60.0))
+CLASSES = (
+    Cls("interactive", 0.4, 1000, 128, 2.0),
+    Cls("standard", 0.4, 3000, 256, 10.0),
+    Cls("batch", 0.2, 6000, 512, 60.0),
+)
 DEADLINE_SIM_S = 60.0
 REPLICAS = 2
 
@@ -95,17 +98,25 @@ def _words(n: int, rng: random.Random) -> str:
     return " ".join("".join(rng.choices(string.ascii_lowercase, k=3)) for _ in range(n))
 
 
-async def _one(session: aiohttp.ClientSession, url: str, cls: Cls, rng: random.Random,
-               speed: float) -> Outcome:
-    body = {"model": "sim-model", "stream": True, "max_tokens": cls.output, "ignore_eos": True,
-            "messages": [{"role": "user", "content": _words(cls.prompt, rng)}]}
+async def _one(
+    session: aiohttp.ClientSession, url: str, cls: Cls, rng: random.Random, speed: float
+) -> Outcome:
+    body = {
+        "model": "sim-model",
+        "stream": True,
+        "max_tokens": cls.output,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": _words(cls.prompt, rng)}],
+    }
     headers = {"x-task": cls.name, "x-request-timeout": f"{DEADLINE_SIM_S / speed:.3f}"}
     t0 = time.monotonic()
     ttft = None
     async with session.post(url, json=body, headers=headers) as resp:
         if resp.status != 200:
             await resp.read()
-            return Outcome(cls.name, resp.status, resp.headers.get("x-gateway-reject-reason"), None, False)
+            return Outcome(
+                cls.name, resp.status, resp.headers.get("x-gateway-reject-reason"), None, False
+            )
         done = False
         async for chunk in resp.content.iter_any():
             if ttft is None and b'"content"' in chunk:
@@ -115,7 +126,9 @@ async def _one(session: aiohttp.ClientSession, url: str, cls: Cls, rng: random.R
         return Outcome(cls.name, 200, "stream_error" if errored else None, ttft, not errored)
 
 
-async def _drive(gw: RunningGateway, rate_wall: float, seconds: float, speed: float, seed: int) -> list[Outcome]:
+async def _drive(
+    gw: RunningGateway, rate_wall: float, seconds: float, speed: float, seed: int
+) -> list[Outcome]:
     rng = random.Random(seed)
     url = gw.url + "/v1/chat/completions"
     timeout = aiohttp.ClientTimeout(total=DEADLINE_SIM_S / speed + 30)
@@ -124,7 +137,9 @@ async def _drive(gw: RunningGateway, rate_wall: float, seconds: float, speed: fl
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             cls = rng.choices(CLASSES, weights=[c.share for c in CLASSES])[0]
-            tasks.append(asyncio.ensure_future(_one(session, url, cls, random.Random(rng.random()), speed)))
+            tasks.append(
+                asyncio.ensure_future(_one(session, url, cls, random.Random(rng.random()), speed))
+            )
             await asyncio.sleep(rng.expovariate(rate_wall))
         return list(await asyncio.gather(*tasks))
 
@@ -141,10 +156,27 @@ class SimProcess:
         self.port = free_port()
         while free_port() == self.port + 1:  # the next port must be free too (best effort)
             self.port = free_port()
-        argv = [sys.executable, "-m", "gateway.sim", "--replicas", str(REPLICAS), "--host", "127.0.0.1",
-                "--port", str(self.port), "--speed", str(sim.speed), "--kv-tokens", str(sim.kv_tokens),
-                "--max-model-len", str(sim.max_model_len), "--max-num-seqs", str(sim.max_num_seqs),
-                "--log-level", "warning"]
+        argv = [
+            sys.executable,
+            "-m",
+            "gateway.sim",
+            "--replicas",
+            str(REPLICAS),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--speed",
+            str(sim.speed),
+            "--kv-tokens",
+            str(sim.kv_tokens),
+            "--max-model-len",
+            str(sim.max_model_len),
+            "--max-num-seqs",
+            str(sim.max_num_seqs),
+            "--log-level",
+            "warning",
+        ]
         self.proc = Proc("sim", argv, log_dir / "sim.log")
         self.urls = [f"http://127.0.0.1:{self.port + i}" for i in range(REPLICAS)]
 
@@ -169,18 +201,32 @@ def sim_process(sim: SimConfig, log_dir: Path) -> Iterator[SimProcess]:
         sp.proc.stop()
 
 
-def run_one(cluster: SimProcess, policies: str, enabled: bool, load: float, cap_sim: float,
-            args: argparse.Namespace) -> dict[str, Any]:
+def run_one(
+    cluster: SimProcess,
+    policies: str,
+    enabled: bool,
+    load: float,
+    cap_sim: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     speed = args.speed
     cluster.reset()
-    adm = AdmissionConfig(enabled=enabled, poll_interval_s=0.05, stale_after_s=1.0,
-                          ttft_targets_s={c.name: c.ttft_target / speed for c in CLASSES},
-                          default_prefill_tokens_per_s=16000.0 * speed)
-    timeouts = TimeoutsConfig(first_byte_s=DEADLINE_SIM_S / speed + 5, total_s=DEADLINE_SIM_S / speed + 5)
+    adm = AdmissionConfig(
+        enabled=enabled,
+        poll_interval_s=0.05,
+        stale_after_s=1.0,
+        ttft_targets_s={c.name: c.ttft_target / speed for c in CLASSES},
+        default_prefill_tokens_per_s=16000.0 * speed,
+    )
+    timeouts = TimeoutsConfig(
+        first_byte_s=DEADLINE_SIM_S / speed + 5, total_s=DEADLINE_SIM_S / speed + 5
+    )
     with running_gateway(cluster.urls, admission=adm, policies=policies, timeouts=timeouts) as gw:
         _wait_ready(gw)
         t0 = time.monotonic()
-        outcomes = asyncio.run(_drive(gw, load * cap_sim * speed, args.seconds, speed, seed=int(load * 100)))
+        outcomes = asyncio.run(
+            _drive(gw, load * cap_sim * speed, args.seconds, speed, seed=int(load * 100))
+        )
         wall = time.monotonic() - t0
     preemptions = sum(cluster.stats(i)["totals"]["preemptions"] for i in range(REPLICAS))
     return _summarise(outcomes, enabled, load, args.seconds, wall, speed, preemptions)
@@ -194,10 +240,19 @@ def _wait_ready(gw: RunningGateway) -> None:
     raise RuntimeError("replicas did not become ready")
 
 
-def _summarise(outcomes: list[Outcome], enabled: bool, load: float, seconds: float, wall: float,
-               speed: float, preemptions: int) -> dict[str, Any]:
+def _summarise(
+    outcomes: list[Outcome],
+    enabled: bool,
+    load: float,
+    seconds: float,
+    wall: float,
+    speed: float,
+    preemptions: int,
+) -> dict[str, Any]:
     targets = {c.name: c.ttft_target for c in CLASSES}
-    good = [o for o in outcomes if o.done and o.ttft is not None and o.ttft * speed <= targets[o.cls]]
+    good = [
+        o for o in outcomes if o.done and o.ttft is not None and o.ttft * speed <= targets[o.cls]
+    ]
     reasons: dict[str, int] = {}
     for o in outcomes:
         if not o.done:
@@ -205,15 +260,29 @@ def _summarise(outcomes: list[Outcome], enabled: bool, load: float, seconds: flo
             reasons[key] = reasons.get(key, 0) + 1
     by_class = {}
     for c in CLASSES:
-        ttfts = sorted(o.ttft * speed for o in outcomes if o.cls == c.name and o.done and o.ttft is not None)
+        ttfts = sorted(
+            o.ttft * speed for o in outcomes if o.cls == c.name and o.done and o.ttft is not None
+        )
         n = sum(1 for o in outcomes if o.cls == c.name)
-        by_class[c.name] = {"offered": n, "completed": len(ttfts),
-                            "met_target": sum(1 for o in good if o.cls == c.name),
-                            "ttft_p50_s": _round(percentile(ttfts, 50)), "ttft_p99_s": _round(percentile(ttfts, 99))}
+        by_class[c.name] = {
+            "offered": n,
+            "completed": len(ttfts),
+            "met_target": sum(1 for o in good if o.cls == c.name),
+            "ttft_p50_s": _round(percentile(ttfts, 50)),
+            "ttft_p99_s": _round(percentile(ttfts, 99)),
+        }
     sim_seconds = seconds * speed
-    return {"admission": "on" if enabled else "off", "load": load, "offered": len(outcomes),
-            "completed": sum(1 for o in outcomes if o.done), "goodput_per_sim_s": round(len(good) / sim_seconds, 3),
-            "preemptions": preemptions, "rejections": reasons, "by_class": by_class, "wall_s": round(wall, 1)}
+    return {
+        "admission": "on" if enabled else "off",
+        "load": load,
+        "offered": len(outcomes),
+        "completed": sum(1 for o in outcomes if o.done),
+        "goodput_per_sim_s": round(len(good) / sim_seconds, 3),
+        "preemptions": preemptions,
+        "rejections": reasons,
+        "by_class": by_class,
+        "wall_s": round(wall, 1),
+    }
 
 
 def _round(x: float | None) -> float | None:
@@ -221,18 +290,31 @@ def _round(x: float | None) -> float | None:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    out = [f"# Overload: admission on vs off ({meta['replicas']} simulated vLLM replicas, speed {meta['speed']})",
-           "", (f"Capacity estimate: {meta['capacity_rps_sim']:.2f} requests per simulated second. "
-                "TTFT in simulated seconds; goodput = requests meeting their class TTFT target per simulated second."),
-           "", "| load | admission | offered | completed | goodput/s | preemptions | rejections | "
-           + " | ".join(f"{c.name} p50/p99 TTFT" for c in CLASSES) + " |",
-           "|---:|:---:|---:|---:|---:|---:|:---|" + "---:|" * len(CLASSES)]
+    out = [
+        f"# Overload: admission on vs off ({meta['replicas']} simulated vLLM replicas, speed "
+        f"{meta['speed']})",
+        "",
+        (
+            f"Capacity estimate: {meta['capacity_rps_sim']:.2f} requests per simulated second. "
+            "TTFT in simulated seconds; goodput = requests meeting their class TTFT target per "
+            "simulated second."
+        ),
+        "",
+        "| load | admission | offered | completed | goodput/s | preemptions | rejections | "
+        + " | ".join(f"{c.name} p50/p99 TTFT" for c in CLASSES)
+        + " |",
+        "|---:|:---:|---:|---:|---:|---:|:---|" + "---:|" * len(CLASSES),
+    ]
     for r in rows:
         rej = ", ".join(f"{k}: {v}" for k, v in sorted(r["rejections"].items())) or "-"
-        ttft = " | ".join(f"{r['by_class'][c.name]['ttft_p50_s']} / {r['by_class'][c.name]['ttft_p99_s']}"
-                          for c in CLASSES)
-        out.append(f"| {r['load']}x | {r['admission']} | {r['offered']} | {r['completed']} | "
-                   f"{r['goodput_per_sim_s']} | {r['preemptions']} | {rej} | {ttft} |")
+        ttft = " | ".join(
+            f"{r['by_class'][c.name]['ttft_p50_s']} / {r['by_class'][c.name]['ttft_p99_s']}"
+            for c in CLASSES
+        )
+        out.append(
+            f"| {r['load']}x | {r['admission']} | {r['offered']} | {r['completed']} | "
+            f"{r['goodput_per_sim_s']} | {r['preemptions']} | {rej} | {ttft} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -248,11 +330,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     for mode in ("off", "on"):
         sel = [r for r in rows if r["admission"] == mode]
         loads = [r["load"] for r in sel]
-        axes[0].plot(loads, [r["goodput_per_sim_s"] for r in sel], marker="o", label=f"admission {mode}")
+        axes[0].plot(
+            loads, [r["goodput_per_sim_s"] for r in sel], marker="o", label=f"admission {mode}"
+        )
         axes[1].plot(loads, [r["preemptions"] for r in sel], marker="o", label=f"admission {mode}")
         p99 = [r["by_class"]["interactive"]["ttft_p99_s"] or float("nan") for r in sel]
         axes[2].plot(loads, p99, marker="o", label=f"admission {mode}")
-    for ax, title in zip(axes, ("goodput (req/sim s)", "preemptions", "interactive p99 TTFT (sim s)"), strict=True):
+    for ax, title in zip(
+        axes, ("goodput (req/sim s)", "preemptions", "interactive p99 TTFT (sim s)"), strict=True
+    ):
         ax.set_title(title)
         ax.set_xlabel("offered load (x capacity)")
         ax.legend()
@@ -281,9 +367,14 @@ def main() -> None:
                 row = run_one(cluster, tmp, enabled, load, cap, args)
                 print(json.dumps(row))
                 rows.append(row)
-    meta = {"replicas": REPLICAS, "speed": args.speed, "seconds": args.seconds, "capacity_rps_sim": cap,
-            "classes": [c.__dict__ for c in CLASSES], "sim": {"kv_tokens": sim.kv_tokens,
-                                                              "max_num_seqs": sim.max_num_seqs}}
+    meta = {
+        "replicas": REPLICAS,
+        "speed": args.speed,
+        "seconds": args.seconds,
+        "capacity_rps_sim": cap,
+        "classes": [c.__dict__ for c in CLASSES],
+        "sim": {"kv_tokens": sim.kv_tokens, "max_num_seqs": sim.max_num_seqs},
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "overload.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     (RESULTS / "overload.md").write_text(markdown(rows, meta))

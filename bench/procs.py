@@ -3,6 +3,7 @@ their CPU time from /proc, and always kill them (by PID) on the way out."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ def _stat_fields(pid: int) -> list[str] | None:
     except OSError:
         return None
     # Fields after the parenthesised command name (which may hold spaces).
-    return raw[raw.rindex(")") + 2:].split()
+    return raw[raw.rindex(")") + 2 :].split()
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -82,8 +83,14 @@ class Proc:
     def start(self, cwd: Path) -> Proc:
         self._log = self.log_path.open("wb")
         self.popen = subprocess.Popen(
-            list(self.argv), cwd=self.cwd or cwd, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
+            list(self.argv),
+            cwd=self.cwd or cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
         return self
 
     def alive(self) -> bool:
@@ -111,10 +118,8 @@ class Proc:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def wait_http_ok(url: str, proc: Proc, timeout_s: float) -> None:
@@ -134,4 +139,6 @@ def wait_http_ok(url: str, proc: Proc, timeout_s: float) -> None:
         except (urllib.error.URLError, OSError) as exc:
             last = repr(exc)
         time.sleep(0.1)
-    raise TimeoutError(f"{proc.name}: {url} not ready within {timeout_s} s ({last}):\n{proc.log_tail()}")
+    raise TimeoutError(
+        f"{proc.name}: {url} not ready within {timeout_s} s ({last}):\n{proc.log_tail()}"
+    )

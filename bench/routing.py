@@ -46,8 +46,8 @@ from gateway.config.schema import (
     ReplicaConfig,
     TimeoutsConfig,
 )
-from gateway.scheduling.config import SchedulingConfig
 from gateway.http.serving import BackgroundServers, free_port
+from gateway.scheduling.config import SchedulingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -80,25 +80,44 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--serve-sim", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
-        args.trace_requests, args.agent_sessions, args.agent_turns, args.unique_requests = 60, 6, 4, 40
+        args.trace_requests, args.agent_sessions, args.agent_turns, args.unique_requests = (
+            60,
+            6,
+            4,
+            40,
+        )
     return args
 
 
 # --- simulator subprocess -------------------------------------------------------------
 
+
 def serve_sim(args: argparse.Namespace) -> None:
     from gateway.sim.cluster import SimCluster
 
     sim = Sim(args.speed, args.kv_tokens)
-    with SimCluster.start(REPLICAS, speed=sim.speed, kv_tokens=sim.kv_tokens, max_model_len=sim.max_model_len,
-                          max_num_seqs=64) as cluster:
+    with SimCluster.start(
+        REPLICAS,
+        speed=sim.speed,
+        kv_tokens=sim.kv_tokens,
+        max_model_len=sim.max_model_len,
+        max_num_seqs=64,
+    ) as cluster:
         print(json.dumps(cluster.urls), flush=True)
         sys.stdin.read()  # until the parent closes our stdin
 
 
 def start_sim(args: argparse.Namespace) -> tuple[subprocess.Popen[str], list[str]]:
-    cmd = [sys.executable, "-m", "bench.routing", "--serve-sim", "--speed", str(args.speed),
-           "--kv-tokens", str(args.kv_tokens)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.routing",
+        "--serve-sim",
+        "--speed",
+        str(args.speed),
+        "--kv-tokens",
+        str(args.kv_tokens),
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -120,6 +139,7 @@ def stop_sim(proc: subprocess.Popen[str]) -> None:
 
 # --- one run ------------------------------------------------------------------------------
 
+
 class Client:
     def __init__(self, session: aiohttp.ClientSession, url: str, oracle: Oracle) -> None:
         self._session = session
@@ -128,13 +148,17 @@ class Client:
         self.errors = 0
         self.placed: dict[str, int] = {}
 
-    async def send(self, endpoint: str, body: dict[str, Any], session_key: str | None = None) -> str:
+    async def send(
+        self, endpoint: str, body: dict[str, Any], session_key: str | None = None
+    ) -> str:
         self.oracle.observe(endpoint, body)
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
         headers = {"x-session-id": session_key} if session_key else {}
         text: list[str] = []
         timeout = aiohttp.ClientTimeout(total=600, sock_connect=10)
-        async with self._session.post(self._url + path, json=body, headers=headers, timeout=timeout) as resp:
+        async with self._session.post(
+            self._url + path, json=body, headers=headers, timeout=timeout
+        ) as resp:
             replica = resp.headers.get("x-gateway-replica", "?")
             self.placed[replica] = self.placed.get(replica, 0) + 1
             if resp.status != 200:
@@ -144,11 +168,15 @@ class Client:
             async for line in resp.content:
                 if line.startswith(b"data: {"):
                     for choice in json.loads(line[6:]).get("choices") or ():
-                        text.append(choice.get("delta", {}).get("content") or choice.get("text") or "")
+                        text.append(
+                            choice.get("delta", {}).get("content") or choice.get("text") or ""
+                        )
         return "".join(text)
 
 
-async def run_open(client: Client, requests: list[OpenRequest], endpoint: str, speed: float) -> None:
+async def run_open(
+    client: Client, requests: list[OpenRequest], endpoint: str, speed: float
+) -> None:
     start = time.monotonic()
 
     async def one(req: OpenRequest) -> None:
@@ -170,13 +198,21 @@ async def run_agents(client: Client, spec: AgentSpec, speed: float) -> None:
 
 
 def gateway_config(urls: list[str], policy: str, sim: Sim) -> GatewayConfig:
-    replicas = tuple(ReplicaConfig(url=u, name=f"replica-{i}", kind="vllm") for i, u in enumerate(urls))
-    sched = SchedulingConfig(policy=policy, default_capacity_tokens=sim.kv_tokens, default_prefill_rate=16000.0)
-    return GatewayConfig(listen=ListenConfig(port=free_port(), admin_port=free_port()), replicas=replicas,
-                         scheduling=sched, admission=AdmissionConfig(enabled=False),
-                         # generous: a CPU-starved simulator must not look dead mid-run
-                         health=HealthConfig(interval_s=1.0, timeout_s=10.0, unhealthy_after=10, healthy_after=1),
-                         timeouts=dataclasses.replace(TimeoutsConfig(), total_s=900.0))
+    replicas = tuple(
+        ReplicaConfig(url=u, name=f"replica-{i}", kind="vllm") for i, u in enumerate(urls)
+    )
+    sched = SchedulingConfig(
+        policy=policy, default_capacity_tokens=sim.kv_tokens, default_prefill_rate=16000.0
+    )
+    return GatewayConfig(
+        listen=ListenConfig(port=free_port(), admin_port=free_port()),
+        replicas=replicas,
+        scheduling=sched,
+        admission=AdmissionConfig(enabled=False),
+        # generous: a CPU-starved simulator must not look dead mid-run
+        health=HealthConfig(interval_s=1.0, timeout_s=10.0, unhealthy_after=10, healthy_after=1),
+        timeouts=dataclasses.replace(TimeoutsConfig(), total_s=900.0),
+    )
 
 
 async def sim_stats(session: aiohttp.ClientSession, urls: list[str]) -> list[dict[str, Any]]:
@@ -189,12 +225,15 @@ async def sim_stats(session: aiohttp.ClientSession, urls: list[str]) -> list[dic
 
 async def reset_sims(session: aiohttp.ClientSession, urls: list[str]) -> None:
     for url in urls:
-        async with session.post(url + "/sim/reset", json={"clear_cache": True},
-                                timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        async with session.post(
+            url + "/sim/reset", json={"clear_cache": True}, timeout=aiohttp.ClientTimeout(total=30)
+        ) as resp:
             await resp.read()
 
 
-def run_one(args: argparse.Namespace, urls: list[str], policy: str, workload: str, data: Any) -> dict[str, Any]:
+def run_one(
+    args: argparse.Namespace, urls: list[str], policy: str, workload: str, data: Any
+) -> dict[str, Any]:
     from gateway.app import create_app
 
     sim = Sim(args.speed, args.kv_tokens)
@@ -234,8 +273,14 @@ def _pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize(policy: str, workload: str, stats: list[dict[str, Any]], client: Client, wall: float,
-              speed: float) -> dict[str, Any]:
+def summarize(
+    policy: str,
+    workload: str,
+    stats: list[dict[str, Any]],
+    client: Client,
+    wall: float,
+    speed: float,
+) -> dict[str, Any]:
     totals = [s["totals"] for s in stats]
     records = [r for s in stats for r in s["requests"]]
     ttft = [r["first_token"] - r["arrival"] for r in records if r["first_token"] is not None]
@@ -246,31 +291,47 @@ def summarize(policy: str, workload: str, stats: list[dict[str, Any]], client: C
     hit_rate = hits / prompt if prompt else 0.0
     oracle = client.oracle.hit_rate
     return {
-        "policy": policy, "workload": workload, "requests": len(records), "errors": client.errors,
-        "prompt_tokens": prompt, "hit_tokens": hits, "hit_rate": hit_rate, "oracle_hit_rate": oracle,
+        "policy": policy,
+        "workload": workload,
+        "requests": len(records),
+        "errors": client.errors,
+        "prompt_tokens": prompt,
+        "hit_tokens": hits,
+        "hit_rate": hit_rate,
+        "oracle_hit_rate": oracle,
         "hit_vs_oracle": hit_rate / oracle if oracle else None,
-        "ttft_p50_s": _pct(ttft, 0.5), "ttft_p99_s": _pct(ttft, 0.99),
+        "ttft_p50_s": _pct(ttft, 0.5),
+        "ttft_p99_s": _pct(ttft, 0.99),
         "ttft_mean_s": statistics.fmean(ttft) if ttft else None,
         "throughput_tokens_per_s": sum(t["generation_tokens"] for t in totals) / (wall * speed),
         "throughput_requests_per_s": len(records) / (wall * speed),
         "preemptions": sum(t["preemptions"] for t in totals),
         "requests_per_replica": per_replica,
-        "max_mean_load": max(per_replica) / statistics.fmean(per_replica) if any(per_replica) else None,
+        "max_mean_load": max(per_replica) / statistics.fmean(per_replica)
+        if any(per_replica)
+        else None,
         "busy_s_per_replica": [round(b, 2) for b in busy],
         "max_mean_busy": max(busy) / statistics.fmean(busy) if any(busy) else None,
-        "wall_s": round(wall, 2), "simulated_s": round(wall * speed, 1),
+        "wall_s": round(wall, 2),
+        "simulated_s": round(wall * speed, 1),
         "slowest": _slowest(records),
     }
 
 
 def _slowest(records: list[dict[str, Any]], n: int = 5) -> list[dict[str, Any]]:
-    """The requests behind the TTFT tail: how long, how big, how much was cached, queued for how long."""
+    """The requests behind the TTFT tail: how long, how big, how much was cached, queued for how "
+    "long."""
     done = [r for r in records if r["first_token"] is not None]
     done.sort(key=lambda r: r["first_token"] - r["arrival"], reverse=True)
-    return [{"ttft_s": round(r["first_token"] - r["arrival"], 2), "prompt_tokens": r["prompt_tokens"],
-             "cached_tokens": r["cached_tokens"],
-             "queued_s": None if r["scheduled"] is None else round(r["scheduled"] - r["arrival"], 2)}
-            for r in done[:n]]
+    return [
+        {
+            "ttft_s": round(r["first_token"] - r["arrival"], 2),
+            "prompt_tokens": r["prompt_tokens"],
+            "cached_tokens": r["cached_tokens"],
+            "queued_s": None if r["scheduled"] is None else round(r["scheduled"] - r["arrival"], 2),
+        }
+        for r in done[:n]
+    ]
 
 
 def build_workloads(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
@@ -280,18 +341,24 @@ def build_workloads(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
     if "agent" in chosen:
         spec = AgentSpec(sessions=args.agent_sessions, turns=args.agent_turns)
         data["agent"] = spec
-        notes["agent"] = (f"{spec.sessions} concurrent sessions x {spec.turns} turns; shared system prompt of "
-                          f"{spec.system_tokens} tokens, task {spec.task_tokens}, tool results "
-                          f"{spec.tool_min}-{spec.tool_max} tokens per turn, {spec.output_tokens} output tokens; "
-                          f"starts spread over {spec.start_spread_s:g} simulated s")
+        notes["agent"] = (
+            f"{spec.sessions} concurrent sessions x {spec.turns} turns; shared system prompt of "
+            f"{spec.system_tokens} tokens, task {spec.task_tokens}, tool results "
+            f"{spec.tool_min}-{spec.tool_max} tokens per turn, {spec.output_tokens} output tokens; "
+            f"starts spread over {spec.start_spread_s:g} simulated s"
+        )
     if "trace" in chosen:
         trace = load_trace(args.trace, args.trace_requests, args.trace_time_scale, 120000, 512)
         data["trace"] = trace.requests
         notes["trace"] = trace.scaling
     if "unique" in chosen:
-        data["unique"] = unique_workload(args.unique_requests, args.unique_rate, 2000, 16000, 64, seed=3)
-        notes["unique"] = (f"{args.unique_requests} prompts of 2000-16000 unique tokens, Poisson "
-                           f"{args.unique_rate:g}/simulated s, 64 output tokens")
+        data["unique"] = unique_workload(
+            args.unique_requests, args.unique_rate, 2000, 16000, 64, seed=3
+        )
+        notes["unique"] = (
+            f"{args.unique_requests} prompts of 2000-16000 unique tokens, Poisson "
+            f"{args.unique_rate:g}/simulated s, 64 output tokens"
+        )
     return data, notes
 
 
@@ -309,15 +376,40 @@ def main(argv: list[str] | None = None) -> int:
             for policy in args.policies.split(","):
                 row = run_one(args, urls, policy, workload, data[workload])
                 results.append(row)
-                print(json.dumps({k: row[k] for k in ("workload", "policy", "hit_rate", "hit_vs_oracle",
-                                                      "ttft_p99_s", "max_mean_load", "wall_s")}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            k: row[k]
+                            for k in (
+                                "workload",
+                                "policy",
+                                "hit_rate",
+                                "hit_vs_oracle",
+                                "ttft_p99_s",
+                                "max_mean_load",
+                                "wall_s",
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         stop_sim(proc)
-    setup = {"replicas": REPLICAS, "speed": args.speed, "kv_tokens_per_replica": args.kv_tokens,
-             "prefill_tokens_per_s_per_replica": 16000, "admission": "off (routing only)",
-             "command": " ".join([".venv/bin/python -m bench.routing", *(sys.argv[1:] if argv is None else argv)]),
-             "total_wall_s": round(time.monotonic() - t_start, 1)}
-    write_reports(args.out, {"setup": setup, "workloads": notes, "hashing": hashing_costs(), "results": results})
+    setup = {
+        "replicas": REPLICAS,
+        "speed": args.speed,
+        "kv_tokens_per_replica": args.kv_tokens,
+        "prefill_tokens_per_s_per_replica": 16000,
+        "admission": "off (routing only)",
+        "command": " ".join(
+            [".venv/bin/python -m bench.routing", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "total_wall_s": round(time.monotonic() - t_start, 1),
+    }
+    write_reports(
+        args.out,
+        {"setup": setup, "workloads": notes, "hashing": hashing_costs(), "results": results},
+    )
     return 0
 
 

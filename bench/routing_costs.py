@@ -14,11 +14,11 @@ from starlette.datastructures import Headers
 from bench.routing_workloads import words
 from gateway.config.schema import ReplicaConfig
 from gateway.deadlines.client import ClientDeadlines
-from gateway.pipeline.context import Parsed, RequestContext
-from gateway.scheduling.prefix import prefix_blocks
 from gateway.ingress.protocol import parse_request, prompt_parts
+from gateway.pipeline.context import Parsed, RequestContext
 from gateway.replicas.registry import Replica
 from gateway.scheduling.config import SchedulingConfig
+from gateway.scheduling.prefix import prefix_blocks
 from gateway.scheduling.router import build_router
 
 BLOCK_SIZES = (256, 512, 1024, 2048, 4096)
@@ -33,7 +33,8 @@ def _body() -> bytes:
 
 
 def _median_us(fn: Callable[[], object], repeat: int = 30) -> dict[str, float]:
-    """Min and median of `repeat` timed calls, in microseconds (min: least disturbed by other load)."""
+    """Min and median of `repeat` timed calls, in microseconds (min: least disturbed by other "
+    "load)."""
     samples = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -48,6 +49,7 @@ def hashing_costs() -> dict[str, Any]:
     req = parse_request("chat", raw)
     out: dict[str, Any] = {"prompt_bytes": len(raw), "hash_us_by_block_bytes": {}}
     for bs in BLOCK_SIZES:
+
         def hash_once(size: int = bs) -> object:
             return prefix_blocks(prompt_parts(req), "m", None, size)
 
@@ -66,7 +68,9 @@ def _rank_cost(raw: bytes) -> dict[str, float]:
         replicas.append(r)
 
     def ctx() -> RequestContext:
-        c = RequestContext(request_id="x", endpoint="chat", path="/", headers=Headers({}), received_at=0.0)
+        c = RequestContext(
+            request_id="x", endpoint="chat", path="/", headers=Headers({}), received_at=0.0
+        )
         c.parsed = Parsed(parse_request("chat", raw), "s", ClientDeadlines())
         return c
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.scheduling.prefix import chain_hashes, render, seed_of
 from gateway.ingress.protocol import parse_request, prompt_parts
+from gateway.scheduling.prefix import chain_hashes, render, seed_of
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 ORACLE_BLOCK_BYTES = 64
@@ -39,7 +39,9 @@ class TraceWorkload:
     scaling: str
 
 
-def load_trace(path: Path, limit: int, time_scale: float, max_prompt: int, max_output: int) -> TraceWorkload:
+def load_trace(
+    path: Path, limit: int, time_scale: float, max_prompt: int, max_output: int
+) -> TraceWorkload:
     """The last `limit` usable requests of a Mooncake trace (where its prefix reuse
     is representative; the start of the trace is nearly cold), arrival times
     shifted to start at 0; block id → 512 deterministic tokens."""
@@ -51,19 +53,29 @@ def load_trace(path: Path, limit: int, time_scale: float, max_prompt: int, max_o
     t0 = window[0]["timestamp"] if window else 0
     for row in window:
         text = "".join(blocks.setdefault(h, words(f"block-{h}", 512)) for h in row["hash_ids"])
-        body = {"model": "sim-model", "prompt": text[: 4 * row["input_length"]],
-                "max_tokens": max(1, min(row["output_length"], max_output)),
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": "sim-model",
+            "prompt": text[: 4 * row["input_length"]],
+            "max_tokens": max(1, min(row["output_length"], max_output)),
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         out.append(OpenRequest((row["timestamp"] - t0) / 1000.0 * time_scale, body))
     span = out[-1].at_s if out else 0.0
-    scaling = (f"last {len(out)} of the trace's {len(rows)} requests (those with input <= {max_prompt} tokens; "
-               f"{len(rows) - len(usable)} longer ones skipped), arrival times x{time_scale:g} from the first "
-               f"({span:.0f} simulated s), output capped at {max_output} tokens")
+    scaling = (
+        f"last {len(out)} of the trace's {len(rows)} requests (those with input <= {max_prompt} "
+        "tokens; "
+        f"{len(rows) - len(usable)} longer ones skipped), arrival times x{time_scale:g} from the "
+        "first "
+        f"({span:.0f} simulated s), output capped at {max_output} tokens"
+    )
     return TraceWorkload(out, scaling)
 
 
-def unique_workload(n: int, rate_per_s: float, min_tokens: int, max_tokens: int, output: int,
-                    seed: int) -> list[OpenRequest]:
+def unique_workload(
+    n: int, rate_per_s: float, min_tokens: int, max_tokens: int, output: int, seed: int
+) -> list[OpenRequest]:
     """Poisson arrivals of prompts that share nothing (not even a first word)."""
     rng = random.Random(seed)
     t = 0.0
@@ -71,9 +83,19 @@ def unique_workload(n: int, rate_per_s: float, min_tokens: int, max_tokens: int,
     for i in range(n):
         t += rng.expovariate(rate_per_s)
         prompt = f"req{i:05d}" + words(f"unique-{seed}-{i}", rng.randint(min_tokens, max_tokens))
-        out.append(OpenRequest(t, {"model": "sim-model", "prompt": prompt, "max_tokens": output,
-                                   "ignore_eos": True, "stream": True,
-                                   "stream_options": {"include_usage": True}}))
+        out.append(
+            OpenRequest(
+                t,
+                {
+                    "model": "sim-model",
+                    "prompt": prompt,
+                    "max_tokens": output,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
+        )
     return out
 
 
@@ -110,8 +132,14 @@ class AgentSession:
         return f"agent-{self.spec.seed}-{self.index}"
 
     def body(self) -> dict[str, Any]:
-        return {"model": "sim-model", "messages": list(self.messages), "max_tokens": self.spec.output_tokens,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        return {
+            "model": "sim-model",
+            "messages": list(self.messages),
+            "max_tokens": self.spec.output_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
 
     def advance(self, answer: str, turn: int) -> None:
         rng = random.Random(f"{self.key}-{turn}")
@@ -131,7 +159,9 @@ class Oracle:
         self.total_bytes = 0
 
     def observe(self, endpoint: str, body: dict[str, Any]) -> float:
-        req = parse_request("chat" if endpoint == "chat" else "completions", json.dumps(body).encode())
+        req = parse_request(
+            "chat" if endpoint == "chat" else "completions", json.dumps(body).encode()
+        )
         data = render(prompt_parts(req))
         hashes = chain_hashes(data, ORACLE_BLOCK_BYTES, seed_of(req.model, None))
         hit = 0

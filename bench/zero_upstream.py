@@ -39,38 +39,66 @@ def _json(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-COMPLETION = _json({
-    "id": "cmpl-bench", "object": "chat.completion", "created": 0, "model": MODEL,
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
-})
-MODELS = _json({"object": "list", "data": [
-    {"id": MODEL, "object": "model", "owned_by": "bench", "max_model_len": 1_000_000}]})
-CHUNK = b"data: " + _json({
-    "id": "cmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-    "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
-}) + b"\n\n"
+COMPLETION = _json(
+    {
+        "id": "cmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+    }
+)
+MODELS = _json(
+    {
+        "object": "list",
+        "data": [{"id": MODEL, "object": "model", "owned_by": "bench", "max_model_len": 1_000_000}],
+    }
+)
+CHUNK = (
+    b"data: "
+    + _json(
+        {
+            "id": "cmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": MODEL,
+            "choices": [{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}],
+        }
+    )
+    + b"\n\n"
+)
 DONE = b"data: [DONE]\n\n"
 # A vLLM-shaped /metrics: an idle engine with a huge KV cache whose prompt and
 # generation counters advance with the work it is sent (one prompt token per 4
 # body bytes), so a gateway that measures the prefill rate sees a very fast
 # engine: admission never holds a request back because of this upstream.
 _L = f'engine="0",model_name="{MODEL}"'
-METRICS_HEAD = "".join([
-    "# TYPE vllm:cache_config_info gauge\n",
-    f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="10000000",{_L}}} 1.0\n',
-    "# TYPE vllm:kv_cache_usage_perc gauge\n", f"vllm:kv_cache_usage_perc{{{_L}}} 0.0\n",
-    "# TYPE vllm:num_requests_running gauge\n", f"vllm:num_requests_running{{{_L}}} 0.0\n",
-    "# TYPE vllm:num_requests_waiting gauge\n", f"vllm:num_requests_waiting{{{_L}}} 0.0\n",
-    "# TYPE vllm:num_preemptions counter\n", f"vllm:num_preemptions_total{{{_L}}} 0.0\n",
-])
+METRICS_HEAD = "".join(
+    [
+        "# TYPE vllm:cache_config_info gauge\n",
+        f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="10000000",{_L}}} 1.0\n',
+        "# TYPE vllm:kv_cache_usage_perc gauge\n",
+        f"vllm:kv_cache_usage_perc{{{_L}}} 0.0\n",
+        "# TYPE vllm:num_requests_running gauge\n",
+        f"vllm:num_requests_running{{{_L}}} 0.0\n",
+        "# TYPE vllm:num_requests_waiting gauge\n",
+        f"vllm:num_requests_waiting{{{_L}}} 0.0\n",
+        "# TYPE vllm:num_preemptions counter\n",
+        f"vllm:num_preemptions_total{{{_L}}} 0.0\n",
+    ]
+)
 
 
 def metrics(prompt_tokens: int, generation_tokens: int) -> bytes:
-    return (METRICS_HEAD
-            + f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{{{_L}}} {prompt_tokens}.0\n"
-            + f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{{{_L}}} {generation_tokens}.0\n"
-            ).encode()
+    return (
+        METRICS_HEAD
+        + f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{{{_L}}} {prompt_tokens}.0\n"
+        + f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{{{_L}}} "
+        f"{generation_tokens}.0\n"
+    ).encode()
 
 
 _PROM = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
@@ -78,8 +106,20 @@ _PROM = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 
 def usage_chunk(n: int) -> bytes:
     usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
-    return b"data: " + _json({"id": "cmpl-bench", "object": "chat.completion.chunk", "created": 0,
-                              "model": MODEL, "choices": [], "usage": usage}) + b"\n\n"
+    return (
+        b"data: "
+        + _json(
+            {
+                "id": "cmpl-bench",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": MODEL,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+        + b"\n\n"
+    )
 
 
 class ZeroUpstream:
@@ -184,8 +224,17 @@ def main() -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         parser.error("the benchmark upstream listens on loopback only")
     app = ZeroUpstream(args.chunks, args.chunk_gap_ms / 1000)
-    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False, lifespan="on", backlog=4096)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        backlog=4096,
+    )
 
 
 if __name__ == "__main__":

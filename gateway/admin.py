@@ -73,8 +73,9 @@ def build_admin_app(gw: AdminView) -> Starlette:
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def replicas(request: Request) -> Response:
-        return JSONResponse({"replicas": [r.describe() for r in gw.registry],
-                             "admission": gw.admission.describe()})
+        return JSONResponse(
+            {"replicas": [r.describe() for r in gw.registry], "admission": gw.admission.describe()}
+        )
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -23,24 +23,25 @@ from starlette.routing import Route
 from gateway.admin import build_admin_app
 from gateway.admission.controller import AdmissionController
 from gateway.admission.metrics import AdmissionMetrics
-from gateway.ingress.auth import Authenticator
-from gateway.policy.budgets import Budgets
 from gateway.config.schema import GatewayConfig
-from gateway.pipeline.endpoint import CompletionsEndpoint, PublicApp
 from gateway.errors import GatewayError, NotFound, error_response, render_server_error
+from gateway.forward.forwarder import Forwarder
+from gateway.forward.upstream import UpstreamClient
 from gateway.http.serving import Listener
+from gateway.ingress.auth import Authenticator
 from gateway.ingress.stage import Ingress
 from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline.endpoint import CompletionsEndpoint, PublicApp
 from gateway.pipeline.pipeline import Pipeline, Stages
+from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
 from gateway.replicas.poller import LiveStatePoller
-from gateway.forward.forwarder import Forwarder
 from gateway.replicas.registry import HealthMonitor, ReplicaRegistry
 from gateway.scheduling.router import build_router
 from gateway.state import MemoryStateStore
-from gateway.forward.upstream import UpstreamClient
 
 log = logging.getLogger("gateway")
+
 
 class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
@@ -51,17 +52,24 @@ class Gateway:
         self.health = HealthMonitor(self.registry, self.client, cfg.health)
         self.store = MemoryStateStore()
         self.policy = PolicyStage(cfg, self.registry, self.client, self.metrics.registry)
-        self.admission = AdmissionController(cfg.admission, self.registry, self.store,
-                                             AdmissionMetrics(self.metrics.registry))
-        self.poller = LiveStatePoller(self.registry, self.client, cfg.admission, self.admission.trackers,
-                                      self.admission.on_update)
+        self.admission = AdmissionController(
+            cfg.admission, self.registry, self.store, AdmissionMetrics(self.metrics.registry)
+        )
+        self.poller = LiveStatePoller(
+            self.registry,
+            self.client,
+            cfg.admission,
+            self.admission.trackers,
+            self.admission.on_update,
+        )
         stages = Stages(
             ingress=Ingress(cfg),
             auth=Authenticator(cfg.auth),
             policy=self.policy,
             budgets=Budgets(cfg, self.store, metrics_registry=self.metrics.registry),
-            router=build_router(cfg.scheduling, registry=self.metrics.registry,
-                                can_admit=self.admission.can_admit),
+            router=build_router(
+                cfg.scheduling, registry=self.metrics.registry, can_admit=self.admission.can_admit
+            ),
             admission=self.admission,
             forwarder=Forwarder(cfg, self.client),
         )
@@ -77,8 +85,16 @@ class Gateway:
         """The public and admin listeners `config.listen` describes (the public
         one answers its own HTTP errors in the gateway's error shape)."""
         lc = self.config.listen
-        return [Listener(self.public_app, lc.host, lc.port, server=lc.server, render_error=render_server_error),
-                Listener(self.admin_app, lc.admin_host, lc.admin_port)]
+        return [
+            Listener(
+                self.public_app,
+                lc.host,
+                lc.port,
+                server=lc.server,
+                render_error=render_server_error,
+            ),
+            Listener(self.admin_app, lc.admin_host, lc.admin_port),
+        ]
 
     def new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
@@ -107,11 +123,18 @@ class Gateway:
         ]
         handlers: dict[Any, Any] = {HTTPException: _http_exception, Exception: _internal_error}
         app = Starlette(routes=routes, lifespan=self.lifespan, exception_handlers=handlers)
-        return PublicApp(app, {"/v1/chat/completions": routes[0].app, "/v1/completions": routes[1].app})
+        return PublicApp(
+            app, {"/v1/chat/completions": routes[0].app, "/v1/completions": routes[1].app}
+        )
 
     def _endpoint(self, name: str) -> CompletionsEndpoint:
-        return CompletionsEndpoint(name, self.pipeline, self.new_request_id,
-                                   self.config.limits.max_body_bytes, self.metrics)
+        return CompletionsEndpoint(
+            name,
+            self.pipeline,
+            self.new_request_id,
+            self.config.limits.max_body_bytes,
+            self.metrics,
+        )
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": self.registry.models()})
@@ -121,18 +144,26 @@ class Gateway:
 
     async def readyz(self, request: Request) -> Response:
         healthy = len(self.registry.healthy())
-        body = {"status": "ready" if healthy else "not_ready", "healthy_replicas": healthy,
-                "replicas": len(self.registry)}
+        body = {
+            "status": "ready" if healthy else "not_ready",
+            "healthy_replicas": healthy,
+            "replicas": len(self.registry),
+        }
         return JSONResponse(body, status_code=200 if healthy else 503)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        err: GatewayError = NotFound(f"Method {request.method} is not allowed on {request.url.path}.",
-                                     status=405, code="method_not_allowed")
+        err: GatewayError = NotFound(
+            f"Method {request.method} is not allowed on {request.url.path}.",
+            status=405,
+            code="method_not_allowed",
+        )
     else:
-        err = NotFound(f"Unknown path: {request.method} {request.url.path}.", status=exc.status_code)
+        err = NotFound(
+            f"Unknown path: {request.method} {request.url.path}.", status=exc.status_code
+        )
     return error_response(err)
 
 

@@ -38,16 +38,28 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help="gateway YAML config file")
-    serve.add_argument("--replica", action="append", type=_replica_arg, default=[],
-                       help="engine URL, optionally prefixed with its kind: vllm=http://... or llamacpp=http://...")
+    serve.add_argument(
+        "--replica",
+        action="append",
+        type=_replica_arg,
+        default=[],
+        help="engine URL, optionally prefixed with its kind: vllm=http://... or llamacpp=http://...",
+    )
     serve.add_argument("--host", help="public listener host (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="public listener port (default 8080)")
     serve.add_argument("--admin-port", type=int, help="admin listener port (default 9090)")
     serve.add_argument("--policies", help="directory of task policy YAML files")
-    serve.add_argument("--server", choices=("lean", "uvicorn"),
-                       help="HTTP server of the public listener (config key listen.server; default lean)")
-    serve.add_argument("--access-log", action="store_true", default=None,
-                       help="log one line per finished request (config key access_log; default off)")
+    serve.add_argument(
+        "--server",
+        choices=("lean", "uvicorn"),
+        help="HTTP server of the public listener (config key listen.server; default lean)",
+    )
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        default=None,
+        help="log one line per finished request (config key access_log; default off)",
+    )
     check = sub.add_parser("check-config", help="validate a config and print the effective config")
     check.add_argument("file")
     demo = sub.add_parser("demo", help="simulated replicas + gateway on loopback, no GPU needed")
@@ -81,10 +93,17 @@ def _serve_config(args: argparse.Namespace) -> GatewayConfig:
     )
     replicas = cfg.replicas + tuple(args.replica)
     if not replicas:
-        raise ConfigError(["replicas: at least one replica is required (--replica URL or a config file)"])
+        raise ConfigError(
+            ["replicas: at least one replica is required (--replica URL or a config file)"]
+        )
     access_log = cfg.access_log if args.access_log is None else args.access_log
-    return dataclasses.replace(cfg, listen=listen, replicas=replicas, policies=args.policies or cfg.policies,
-                               access_log=access_log)
+    return dataclasses.replace(
+        cfg,
+        listen=listen,
+        replicas=replicas,
+        policies=args.policies or cfg.policies,
+        access_log=access_log,
+    )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -95,21 +114,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return 1
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     try:
         gw = create_app(cfg)
     except ConfigError as exc:
         print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return 1
     listeners = gw.listeners()
-    print(f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
-          f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port}); {buildinfo.describe()}", flush=True)
+    print(
+        f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
+        f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port}); {buildinfo.describe()}",
+        flush=True,
+    )
     run(_serve_reloading(gw, listeners, cfg.log_level))
     return 0
 
 
 async def _serve_reloading(gw: Any, listeners: list[Listener], log_level: str) -> None:
     """Serve; SIGHUP reloads the task policies (an invalid set is refused and logged)."""
+
     def reload() -> None:
         with contextlib.suppress(ConfigError):  # refused: logged by PolicyStage.reload
             gw.policy.reload()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
 
@@ -19,7 +20,8 @@ Try it:
 
   curl -s http://127.0.0.1:{port}/v1/chat/completions \\
     -H 'Content-Type: application/json' \\
-    -d '{{"model": "sim-model", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
+    -d '{{"model": "sim-model", "max_tokens": 32,
+         "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
   python - <<'PY'
   from openai import OpenAI
@@ -37,10 +39,14 @@ Press Ctrl-C to stop.
 
 
 def demo_config(args: argparse.Namespace, sim_ports: list[int]) -> GatewayConfig:
-    replicas = tuple(ReplicaConfig(url=f"http://127.0.0.1:{p}", kind="vllm", name=f"sim-{i}")
-                     for i, p in enumerate(sim_ports))
+    replicas = tuple(
+        ReplicaConfig(url=f"http://127.0.0.1:{p}", kind="vllm", name=f"sim-{i}")
+        for i, p in enumerate(sim_ports)
+    )
     listen = ListenConfig(port=args.port, admin_port=args.admin_port)
-    return dataclasses.replace(GatewayConfig(), replicas=replicas, listen=listen, log_level="warning")
+    return dataclasses.replace(
+        GatewayConfig(), replicas=replicas, listen=listen, log_level="warning"
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -50,15 +56,23 @@ def run_demo(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level="WARNING")
     sim_ports = [args.sim_port + i for i in range(args.replicas)]
-    sims = [Listener(create_sim_app(SimConfig(flavor="vllm", seed=i)), "127.0.0.1", p)
-            for i, p in enumerate(sim_ports)]
+    sims = [
+        Listener(create_sim_app(SimConfig(flavor="vllm", seed=i)), "127.0.0.1", p)
+        for i, p in enumerate(sim_ports)
+    ]
     cfg = demo_config(args, sim_ports)
     gw = create_app(cfg)
     listeners = sims + gw.listeners()
-    print(_EXAMPLE.format(port=args.port, admin=args.admin_port, n=args.replicas,
-                          ports=", ".join(map(str, sim_ports)), build=buildinfo.describe()), flush=True)
-    try:
+    print(
+        _EXAMPLE.format(
+            port=args.port,
+            admin=args.admin_port,
+            n=args.replicas,
+            ports=", ".join(map(str, sim_ports)),
+            build=buildinfo.describe(),
+        ),
+        flush=True,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_all(listeners))
-    except KeyboardInterrupt:
-        pass
     return 0

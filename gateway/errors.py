@@ -235,16 +235,18 @@ def _encode(err: GatewayError) -> bytes:
     return json.dumps(error_body(err)).encode()
 
 
-def _raw_headers(err: GatewayError, request_id: str | None,
-                 extra_headers: Mapping[str, str] | None) -> RawHeaders:
+def _raw_headers(
+    err: GatewayError, request_id: str | None, extra_headers: Mapping[str, str] | None
+) -> RawHeaders:
     headers = error_headers(err, request_id)
     if extra_headers:
         headers.update(extra_headers)
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
-def error_bytes(err: GatewayError, request_id: str | None = None,
-                extra_headers: Mapping[str, str] | None = None) -> tuple[int, RawHeaders, bytes]:
+def error_bytes(
+    err: GatewayError, request_id: str | None = None, extra_headers: Mapping[str, str] | None = None
+) -> tuple[int, RawHeaders, bytes]:
     """Status, raw ASGI response headers (content type and length first, then
     `error_headers`, then `extra_headers`, which win) and the JSON body."""
     body = _encode(err)
@@ -254,8 +256,12 @@ def error_bytes(err: GatewayError, request_id: str | None = None,
 
 
 def error_response(err: GatewayError, request_id: str | None = None) -> Response:
-    return Response(_encode(err), status_code=err.status, headers=error_headers(err, request_id),
-                    media_type="application/json")
+    return Response(
+        _encode(err),
+        status_code=err.status,
+        headers=error_headers(err, request_id),
+        media_type="application/json",
+    )
 
 
 def sse_error_event(err: GatewayError) -> bytes:
@@ -280,8 +286,7 @@ def server_error(status: int, message: str, code: str | None = None) -> GatewayE
     return cls(message, code=code, status=status)
 
 
-def render_server_error(status: int, message: str,
-                        code: str | None) -> tuple[RawHeaders, bytes]:
+def render_server_error(status: int, message: str, code: str | None) -> tuple[RawHeaders, bytes]:
     """The lean server's `render_error` (`gateway.http.responses.ErrorRenderer`):
     headers without the framing ones, which the server adds, and the body."""
     err = server_error(status, message, code)

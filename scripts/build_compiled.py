@@ -31,7 +31,8 @@ def compiled_modules() -> dict[str, list[str]]:
     """setup.py's COMPILED_MODULES: module path → the test files that exercise it."""
     for node in ast.parse((ROOT / "setup.py").read_text()).body:
         if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "COMPILED_MODULES" for t in node.targets):
+            isinstance(t, ast.Name) and t.id == "COMPILED_MODULES" for t in node.targets
+        ):
             value = ast.literal_eval(node.value)
             return {str(k): [str(t) for t in v] for k, v in value.items()}
     raise SystemExit("setup.py defines no COMPILED_MODULES")
@@ -44,8 +45,12 @@ def compiled_tests() -> list[str]:
 
 
 def _tree_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=ROOT, capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     return sorted({f for f in out.decode().split("\0") if f and (ROOT / f).is_file()})
 
 
@@ -60,8 +65,14 @@ def build(dest: Path) -> float:
     env = {**os.environ, "GATEWAY_COMPILE": "1"}
     log = dest / "build.log"
     with log.open("wb") as fh:
-        rc = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=dest, env=env,
-                            stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+        rc = subprocess.run(
+            [sys.executable, "setup.py", "build_ext", "--inplace"],
+            cwd=dest,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            check=False,
+        ).returncode
     if rc != 0:
         sys.stdout.write(log.read_text(errors="replace")[-6000:])
         raise SystemExit(f"compiled build failed (exit {rc}); full log: {log}")
@@ -71,8 +82,11 @@ def build(dest: Path) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dest", nargs="?", default=str(ROOT / ".build" / "compiled"))
-    p.add_argument("--tests", action="store_true",
-                   help="print the test files of the compiled pass (one a line) and build nothing")
+    p.add_argument(
+        "--tests",
+        action="store_true",
+        help="print the test files of the compiled pass (one a line) and build nothing",
+    )
     args = p.parse_args()
     if args.tests:
         print("\n".join(compiled_tests()))
@@ -80,7 +94,9 @@ def main() -> int:
     dest = Path(args.dest)
     dest = dest if dest.is_absolute() else Path.cwd() / dest
     if dest.resolve() == ROOT:
-        raise SystemExit("DEST must not be this tree: its compiled modules would shadow the sources")
+        raise SystemExit(
+            "DEST must not be this tree: its compiled modules would shadow the sources"
+        )
     took = build(dest)
     modules = sorted(str(p.relative_to(dest)) for p in (dest / "gateway").rglob("*.so"))
     print(f"compiled build in {dest}: {len(modules)} modules in {took:.0f} s")

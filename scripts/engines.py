@@ -158,7 +158,9 @@ def _pip_download(args: list[str], dest: Path) -> None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as e:
-        raise EngineError(f"cannot run pip ({e}); run this script with a Python that has pip")
+        raise EngineError(
+            f"cannot run pip ({e}); run this script with a Python that has pip"
+        ) from e
     if proc.returncode != 0:
         out = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise EngineError(f"pip download failed (exit {proc.returncode}):\n{out}")

@@ -1,8 +1,8 @@
 """Run a real gateway (public + admin listeners under uvicorn) on loopback ports.
 
-    with running_gateway([url1, url2], health=HealthConfig(interval_s=0.2)) as gw:
-        client = gw.openai()
-        ...
+with running_gateway([url1, url2], health=HealthConfig(interval_s=0.2)) as gw:
+    client = gw.openai()
+    ...
 """
 
 from __future__ import annotations
@@ -58,21 +58,35 @@ class RunningGateway:
         return httpx.get(self.admin_url + "/metrics", timeout=10).text
 
 
-def make_config(replica_urls: Sequence[str | ReplicaConfig], *, server: Literal["lean", "uvicorn"] = "lean",
-                **overrides: Any) -> GatewayConfig:
-    replicas = tuple(r if isinstance(r, ReplicaConfig) else ReplicaConfig(url=r) for r in replica_urls)
+def make_config(
+    replica_urls: Sequence[str | ReplicaConfig],
+    *,
+    server: Literal["lean", "uvicorn"] = "lean",
+    **overrides: Any,
+) -> GatewayConfig:
+    replicas = tuple(
+        r if isinstance(r, ReplicaConfig) else ReplicaConfig(url=r) for r in replica_urls
+    )
     overrides.setdefault("health", FAST_HEALTH)
     listen = ListenConfig(port=free_port(), admin_port=free_port(), server=server)
     return dataclasses.replace(GatewayConfig(), replicas=replicas, listen=listen, **overrides)
 
 
 @contextmanager
-def running_gateway(replica_urls: Sequence[str | ReplicaConfig] = (), *, config: GatewayConfig | None = None,
-                    **overrides: Any) -> Iterator[RunningGateway]:
+def running_gateway(
+    replica_urls: Sequence[str | ReplicaConfig] = (),
+    *,
+    config: GatewayConfig | None = None,
+    **overrides: Any,
+) -> Iterator[RunningGateway]:
     cfg = config if config is not None else make_config(replica_urls, **overrides)
     gw = create_app(cfg)
     host = cfg.listen.host
     servers = BackgroundServers(gw.listeners())
     with servers:
-        yield RunningGateway(gw, f"http://{host}:{cfg.listen.port}",
-                             f"http://{cfg.listen.admin_host}:{cfg.listen.admin_port}", servers)
+        yield RunningGateway(
+            gw,
+            f"http://{host}:{cfg.listen.port}",
+            f"http://{cfg.listen.admin_host}:{cfg.listen.admin_port}",
+            servers,
+        )

@@ -14,14 +14,25 @@ from urllib.parse import urlsplit
 class RawRequest:
     """POST `body` as JSON; read as much as wanted; close whenever."""
 
-    def __init__(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
-                 timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         parts = urlsplit(url)
         data = json.dumps(body).encode()
-        lines = [f"POST {parts.path} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json",
-                 f"Content-Length: {len(data)}"]
+        lines = [
+            f"POST {parts.path} HTTP/1.1",
+            f"Host: {parts.netloc}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(data)}",
+        ]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        self.sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=timeout)
+        self.sock = socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or 80), timeout=timeout
+        )
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
         self.received = b""
         self.closed_wall: float | None = None

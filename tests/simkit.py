@@ -52,7 +52,9 @@ class Sims:
 def running_sims(configs: Sequence[SimConfig]) -> Iterator[Sims]:
     replicas = [SimReplica(c) for c in configs]
     ports = [free_port() for _ in configs]
-    servers = BackgroundServers([Listener(r.app, "127.0.0.1", p) for r, p in zip(replicas, ports, strict=True)])
+    servers = BackgroundServers(
+        [Listener(r.app, "127.0.0.1", p) for r, p in zip(replicas, ports, strict=True)]
+    )
     with servers:
         yield Sims(replicas, [f"http://127.0.0.1:{p}" for p in ports], servers)
 
@@ -70,17 +72,24 @@ def wait_for(probe: Callable[[], T | None], timeout: float = 10.0, step: float =
 
 
 def chat_body(stream: bool, max_tokens: int = 20000, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "sim-model", "messages": MSG, "stream": stream, "max_tokens": max_tokens,
-                            "ignore_eos": True}
+    body: dict[str, Any] = {
+        "model": "sim-model",
+        "messages": MSG,
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
     body.update(extra)
     return body
 
 
 def metrics_when(gw: Any, name: str, value: float, timeout: float = 10.0, **labels: str) -> str:
     """The gateway's metrics text once `name{labels}` equals `value`."""
+
     def probe() -> str | None:
         text: str = gw.metrics_text()
         return text if metric(text, name, **labels) == value else None
+
     return wait_for(probe, timeout)
 
 

@@ -13,24 +13,28 @@ import pytest
 
 from gateway.admission.controller import AdmissionController
 from gateway.config.schema import AdmissionConfig, ReplicaConfig
-from gateway.pipeline.context import RequestContext
 from gateway.engines.readings import EngineReading
 from gateway.errors import BadRequest, Overloaded
+from gateway.pipeline.context import RequestContext
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from tests.ctxkit import make_ctx
 
 CAP = 10_000
 
 
-def ctx(prompt: int = 1000, output: int = 1000, cls: str = "standard", timeout: float = 60.0) -> RequestContext:
+def ctx(
+    prompt: int = 1000, output: int = 1000, cls: str = "standard", timeout: float = 60.0
+) -> RequestContext:
     return make_ctx(prompt=prompt, output=output, priority=cls, deadline_in=timeout)
 
 
 def sync(fn: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
     """Run an async test body on a fresh event loop (no pytest-asyncio here)."""
+
     @functools.wraps(fn)
     def run() -> None:
         asyncio.run(fn())
+
     return run
 
 
@@ -69,13 +73,20 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def setup(cfg: AdmissionConfig | None = None, caps: tuple[int | None, ...] = (CAP,)
-          ) -> tuple[AdmissionController, list[Replica]]:
-    registry = ReplicaRegistry(tuple(ReplicaConfig(url=f"http://r{i}:1", name=f"r{i}", capacity_tokens=c)
-                                     for i, c in enumerate(caps)))
+def setup(
+    cfg: AdmissionConfig | None = None, caps: tuple[int | None, ...] = (CAP,)
+) -> tuple[AdmissionController, list[Replica]]:
+    registry = ReplicaRegistry(
+        tuple(
+            ReplicaConfig(url=f"http://r{i}:1", name=f"r{i}", capacity_tokens=c)
+            for i, c in enumerate(caps)
+        )
+    )
     for r in registry:
         r.healthy = True
-    return AdmissionController(cfg or AdmissionConfig(max_engine_waiting=None), registry), list(registry)
+    return AdmissionController(cfg or AdmissionConfig(max_engine_waiting=None), registry), list(
+        registry
+    )
 
 
 @sync
@@ -93,7 +104,9 @@ async def test_interactive_jumps_a_queue_full_of_batch() -> None:
         assert h.order == ["first", "vip"]
         h.gates["first"].set()
         await settle()
-        assert h.order[:2] == ["first", "vip"] and len(h.order) == 7  # then the batch ones, in order
+        assert (
+            h.order[:2] == ["first", "vip"] and len(h.order) == 7
+        )  # then the batch ones, in order
         assert h.order[2:] == [f"batch{i}" for i in range(5)]
 
 
@@ -116,7 +129,9 @@ async def test_interactive_admitted_before_queued_batch_when_room_frees() -> Non
 
 @sync
 async def test_queue_full_sheds_with_retry_after() -> None:
-    cfg = AdmissionConfig(max_engine_waiting=None, max_in_flight=1, queue_max_requests={"standard": 2})
+    cfg = AdmissionConfig(
+        max_engine_waiting=None, max_in_flight=1, queue_max_requests={"standard": 2}
+    )
     ctl, reps = setup(cfg)
     async with harness(ctl, reps) as h:
         for i in range(3):
@@ -166,12 +181,15 @@ async def test_cancelled_waiter_leaves_the_queue_at_once() -> None:
 
 @sync
 async def test_early_shed_when_the_deadline_cannot_cover_the_ttft() -> None:
-    cfg = AdmissionConfig(max_engine_waiting=None, max_in_flight=1, default_prefill_tokens_per_s=1000.0)
+    cfg = AdmissionConfig(
+        max_engine_waiting=None, max_in_flight=1, default_prefill_tokens_per_s=1000.0
+    )
     ctl, reps = setup(cfg)
     async with harness(ctl, reps) as h:
         h.start("first", ctx(100, 100))
         await settle()
-        # 2000 prefill tokens at 1000 tok/s need 2 s; only 0.5 s left: shed now, not at the deadline.
+        # 2000 prefill tokens at 1000 tok/s need 2 s; only 0.5 s left: shed now,
+        # not at the deadline.
         t0 = time.monotonic()
         with pytest.raises(Overloaded) as info:
             async with ctl.acquire(ctx(2000, 10, timeout=0.5), reps):
@@ -202,8 +220,11 @@ async def _acquire_once(ctl: AdmissionController, reps: list[Replica], c: Reques
 
 @sync
 async def test_first_byte_ends_the_prefill_claim() -> None:
-    cfg = AdmissionConfig(max_engine_waiting=None, default_prefill_tokens_per_s=1000.0,
-                          ttft_targets_s={"standard": 1.0})
+    cfg = AdmissionConfig(
+        max_engine_waiting=None,
+        default_prefill_tokens_per_s=1000.0,
+        ttft_targets_s={"standard": 1.0},
+    )
     ctl, reps = setup(cfg)
     c1 = ctx(900, 10)
     async with ctl.acquire(c1, reps):
@@ -237,7 +258,9 @@ async def test_disabled_admission_takes_first_healthy_and_counts() -> None:
 
 @sync
 async def test_unknown_capacity_bounds_in_flight() -> None:
-    ctl, reps = setup(AdmissionConfig(max_engine_waiting=None, unknown_capacity_max_in_flight=2), caps=(None,))
+    ctl, reps = setup(
+        AdmissionConfig(max_engine_waiting=None, unknown_capacity_max_in_flight=2), caps=(None,)
+    )
     async with ctl.acquire(ctx(), reps), ctl.acquire(ctx(), reps):
         assert not ctl.can_admit(ctx(), reps[0])
 
@@ -258,4 +281,6 @@ async def test_lease_granted_to_a_waiter_cancelled_at_the_same_moment_is_returne
         await settle()
         assert waiter.cancelled() and h.order == []
     await cm.__aexit__(None, None, None)
-    assert reps[0].live.in_flight == 0 and reps[0].live.leased_tokens == 0 and reps[0].in_flight == 0
+    assert (
+        reps[0].live.in_flight == 0 and reps[0].live.leased_tokens == 0 and reps[0].in_flight == 0
+    )

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from gateway.admission.controller import AdmissionController
-from gateway.config.schema import AdmissionConfig, ReplicaConfig
-from gateway.pipeline.context import RequestContext
-from gateway.engines.readings import EngineReading
 from gateway.admission.ledger import Lease, SharedLease, keys
+from gateway.config.schema import AdmissionConfig, ReplicaConfig
+from gateway.engines.readings import EngineReading
+from gateway.pipeline.context import RequestContext
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.state import MemoryStateStore
 from tests.ctxkit import make_ctx
@@ -44,8 +44,12 @@ class LedgerMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.now = 0.0
         self.store = self.store_class(clock=lambda: self.now)
-        self.registry = ReplicaRegistry((ReplicaConfig(url="http://a:1", name="a", capacity_tokens=CAP),
-                                         ReplicaConfig(url="http://b:1", name="b", capacity_tokens=CAP // 2)))
+        self.registry = ReplicaRegistry(
+            (
+                ReplicaConfig(url="http://a:1", name="a", capacity_tokens=CAP),
+                ReplicaConfig(url="http://b:1", name="b", capacity_tokens=CAP // 2),
+            )
+        )
         for r in self.registry:
             r.healthy = True
         self.ctl = AdmissionController(CFG, self.registry, self.store, clock=lambda: self.now)
@@ -54,8 +58,12 @@ class LedgerMachine(RuleBasedStateMachine):
     def run(self, aw: Any) -> Any:
         return self.loop.run_until_complete(aw)
 
-    @rule(target=leases, prompt=st.integers(1, 6000), output=st.integers(0, 3000),
-          cls=st.sampled_from(["interactive", "standard", "batch"]))
+    @rule(
+        target=leases,
+        prompt=st.integers(1, 6000),
+        output=st.integers(0, 3000),
+        cls=st.sampled_from(["interactive", "standard", "batch"]),
+    )
     def reserve(self, prompt: int, output: int, cls: str) -> Any:
         lease = self.run(self.ctl._try_ranked(_ctx(prompt, output, cls), list(self.registry), cls))
         if lease is not None:
@@ -81,7 +89,9 @@ class LedgerMachine(RuleBasedStateMachine):
         replica = self.registry.get(name)
         assert replica is not None
         t = self.ctl.trackers[name]
-        replica.live = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=int(frac * CAP)), self.now)
+        replica.live = t.observe(
+            EngineReading(capacity_tokens=CAP, used_tokens=int(frac * CAP)), self.now
+        )
 
     @rule(dt=st.floats(0, 5))
     def time_passes(self, dt: float) -> None:
@@ -91,7 +101,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def never_over_capacity(self) -> None:
         for r in self.registry:
             mine = [x for x in self.held if x.replica is r]
-            kv, prefill, inflight = r.live.leased_tokens, r.live.prefill_backlog_tokens, r.live.in_flight
+            kv, prefill, inflight = (
+                r.live.leased_tokens,
+                r.live.prefill_backlog_tokens,
+                r.live.in_flight,
+            )
             if self.store.shared:
                 assert self.run(self.store.get(keys(r.name))) == [kv, prefill, inflight]
             else:
@@ -100,7 +114,9 @@ class LedgerMachine(RuleBasedStateMachine):
             assert cap is not None
             assert kv == sum(x.kv_held for x in mine) <= cap
             biggest = max((x.kv_held for x in mine), default=0)
-            assert kv <= max(int(0.92 * cap), biggest)  # over the top watermark only as a lone lease
+            assert kv <= max(
+                int(0.92 * cap), biggest
+            )  # over the top watermark only as a lone lease
             assert prefill == sum(x.prefill_held for x in mine) >= 0
             assert inflight == len(mine) == r.in_flight <= MAX_IN_FLIGHT
 
@@ -109,7 +125,11 @@ class LedgerMachine(RuleBasedStateMachine):
             self.run(lease.close())
         for r in self.registry:
             assert self.run(self.store.get(keys(r.name))) == [0, 0, 0]
-            assert (r.live.leased_tokens, r.live.prefill_backlog_tokens, r.live.in_flight) == (0, 0, 0)
+            assert (r.live.leased_tokens, r.live.prefill_backlog_tokens, r.live.in_flight) == (
+                0,
+                0,
+                0,
+            )
         assert self.store.live_reservations == 0
         self.loop.close()
 
@@ -150,7 +170,9 @@ def test_close_now_releases_in_process_and_defers_otherwise() -> None:
         demand = Demand(100, 50, 100)
         replica = Replica(ReplicaConfig(url="http://127.0.0.1:9", name="a"))
         for store, expect_now in ((MemoryStateStore(), True), (_RemoteStore(), False)):
-            res = (await store.reserve(claims("a", demand, Limits(None, None, None)), 60)).reservation
+            res = (
+                await store.reserve(claims("a", demand, Limits(None, None, None)), 60)
+            ).reservation
             lease = SharedLease(replica, demand, store, res, 60, on_change)
             assert lease.close_now() is expect_now
             if not expect_now:

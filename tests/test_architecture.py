@@ -118,9 +118,13 @@ def _outside(prefix: str, allowed: tuple[str, ...]) -> list[str]:
     def inside(target: str) -> bool:
         return any(target == a or target.startswith(a + ".") for a in allowed)
 
-    return sorted(f"{src} -> {dst}" for src, dsts in GRAPH.items()
-                  if src == prefix or src.startswith(prefix + ".")
-                  for dst in dsts if not inside(dst))
+    return sorted(
+        f"{src} -> {dst}"
+        for src, dsts in GRAPH.items()
+        if src == prefix or src.startswith(prefix + ".")
+        for dst in dsts
+        if not inside(dst)
+    )
 
 
 def test_the_graph_sees_the_tree() -> None:

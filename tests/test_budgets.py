@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +10,11 @@ import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from starlette.datastructures import Headers
 
-from gateway.policy.budgets import Budgets
 from gateway.config.schema import GatewayConfig, TenantConfig
-from gateway.pipeline.context import Exchange, RequestContext
 from gateway.errors import RateLimited
+from gateway.pipeline.context import Exchange, RequestContext
+from gateway.policy.budgets import Budgets
 from gateway.policy.policyset import Policy, SessionSpec
 from gateway.sim.cluster import SimCluster
 from gateway.state import Claim, MemoryStateStore
@@ -32,9 +30,17 @@ class FakeClock:
         return self.now
 
 
-def make_ctx(*, tenant: str | None = None, session: str | None = None, policy: Policy | None = None,
-             prompt: int = 10, output: int = 20) -> RequestContext:
-    return ctxkit.make_ctx(tenant=tenant, session=session, policy=policy, prompt=prompt, output=output)
+def make_ctx(
+    *,
+    tenant: str | None = None,
+    session: str | None = None,
+    policy: Policy | None = None,
+    prompt: int = 10,
+    output: int = 20,
+) -> RequestContext:
+    return ctxkit.make_ctx(
+        tenant=tenant, session=session, policy=policy, prompt=prompt, output=output
+    )
 
 
 def session_policy(**kw: Any) -> Policy:
@@ -50,13 +56,21 @@ def config_with(**tenants: TenantConfig) -> GatewayConfig:
 
 # --- the store's invariants ------------------------------------------------------------
 
-ops = st.lists(st.tuples(st.sampled_from(["reserve", "settle", "release", "tick"]),
-                         st.integers(0, 40), st.integers(0, 60)), max_size=60)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["reserve", "settle", "release", "tick"]),
+        st.integers(0, 40),
+        st.integers(0, 60),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=150, deadline=None)
 @given(ops=ops, limit=st.integers(1, 100))
-def test_reserve_settle_never_negative_and_never_over(ops: list[tuple[str, int, int]], limit: int) -> None:
+def test_reserve_settle_never_negative_and_never_over(
+    ops: list[tuple[str, int, int]], limit: int
+) -> None:
     clock = FakeClock(0.0)
     store = MemoryStateStore(clock)
     live: list[tuple[Any, int]] = []
@@ -91,7 +105,9 @@ def test_released_reservations_do_not_pile_up_until_their_ttl() -> None:
     async def run() -> None:
         held = []
         for i in range(20_000):
-            res = await store.reserve([Claim("kv", 10, 1_000_000), Claim("inflight", 1, None)], ttl_s=630.0)
+            res = await store.reserve(
+                [Claim("kv", 10, 1_000_000), Claim("inflight", 1, None)], ttl_s=630.0
+            )
             assert res.reservation is not None
             held.append(res.reservation)
             if len(held) > 8:  # ~8 in flight, the rest released
@@ -112,6 +128,7 @@ def test_released_reservations_do_not_pile_up_until_their_ttl() -> None:
 
 # --- Budgets -----------------------------------------------------------------------------
 
+
 def test_session_tokens_settle_with_usage() -> None:
     store = MemoryStateStore()
     budgets = Budgets(GatewayConfig(), store)
@@ -120,11 +137,16 @@ def test_session_tokens_settle_with_usage() -> None:
     async def run() -> list[int]:
         ctx = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with budgets.reserve(ctx):
-            ctx.exchange = Exchange(sent_at=0.0, status=200,
-                                    usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+            ctx.exchange = Exchange(
+                sent_at=0.0,
+                status=200,
+                usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            )
         cut = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with budgets.reserve(cut):
-            cut.exchange = Exchange(sent_at=0.0, status=200)  # stream cut before usage: the reservation is kept
+            cut.exchange = Exchange(
+                sent_at=0.0, status=200
+            )  # stream cut before usage: the reservation is kept
         never = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with budgets.reserve(never):
             pass  # never reached an engine: nothing is charged
@@ -143,12 +165,18 @@ def test_session_budget_refusal_is_429_without_retry() -> None:
         first = make_ctx(session="s", policy=policy, prompt=10, output=20)
         async with budgets.reserve(first):
             with pytest.raises(RateLimited) as exc:
-                async with budgets.reserve(make_ctx(session="s", policy=policy, prompt=10, output=20)):
+                async with budgets.reserve(
+                    make_ctx(session="s", policy=policy, prompt=10, output=20)
+                ):
                     pass
         return exc.value
 
     err = asyncio.run(run())
-    assert err.status == 429 and err.code == "session_budget_exceeded" and err.reason == "session_tokens"
+    assert (
+        err.status == 429
+        and err.code == "session_budget_exceeded"
+        and err.reason == "session_tokens"
+    )
     assert err.retry_after is None and err.should_retry is False
 
 
@@ -194,7 +222,9 @@ def test_tenant_concurrency_released_on_every_path() -> None:
 
 def test_tokens_per_minute_too_big_to_ever_fit_has_no_retry_after() -> None:
     wall = FakeClock(120.0)
-    budgets = Budgets(config_with(t=TenantConfig(tokens_per_min=100)), MemoryStateStore(), wall=wall)
+    budgets = Budgets(
+        config_with(t=TenantConfig(tokens_per_min=100)), MemoryStateStore(), wall=wall
+    )
 
     async def run() -> tuple[RateLimited, RateLimited]:
         with pytest.raises(RateLimited) as huge:
@@ -225,22 +255,30 @@ def test_concurrent_requests_refused_exactly_at_session_budget(tmp_path: Path) -
         allowed = 5
         (tmp_path / "agent.yaml").write_text(
             f"name: agent\ntokens: engine\nlimits: {{max_output_tokens: 100}}\n"
-            f"session: {{max_total_tokens: {allowed * per_request}, idle_ttl_s: 600}}\n")
+            f"session: {{max_total_tokens: {allowed * per_request}, idle_ttl_s: 600}}\n"
+        )
         with running_gateway(sim.urls, policies=str(tmp_path)) as gw:
 
             async def fire() -> list[str]:
                 async with gw.async_openai() as client:
+
                     async def one() -> str:
                         try:
                             await client.chat.completions.create(
-                                model="sim-model", messages=messages, max_tokens=PER_REQUEST_OUTPUT,
+                                model="sim-model",
+                                messages=messages,
+                                max_tokens=PER_REQUEST_OUTPUT,
                                 extra_headers={"X-Task": "agent", "x-session-id": "chain-1"},
-                                extra_body={"ignore_eos": True})
+                                extra_body={"ignore_eos": True},
+                            )
                             return "ok"
                         except openai.RateLimitError as exc:
                             assert exc.code == "session_budget_exceeded"
-                            assert exc.response.headers["x-gateway-reject-reason"] == "session_tokens"
+                            assert (
+                                exc.response.headers["x-gateway-reject-reason"] == "session_tokens"
+                            )
                             return "refused"
+
                     return list(await asyncio.gather(*(one() for _ in range(12))))
 
             outcomes = asyncio.run(fire())

@@ -25,14 +25,18 @@ MAX_TOKENS = 8000  # ~6 s of decoding at SPEED: always cancelled long before the
 BOUND_S = {"vllm": 0.5, "llamacpp": 0.5 + 1.0 / SPEED}
 
 
-@pytest.fixture(params=[("vllm", "lean"), ("llamacpp", "lean"), ("vllm", "uvicorn"), ("llamacpp", "uvicorn")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(
+    params=[("vllm", "lean"), ("llamacpp", "lean"), ("vllm", "uvicorn"), ("llamacpp", "uvicorn")],
+    ids=lambda p: "-".join(p),
+)
 def setup(request: pytest.FixtureRequest) -> Iterator[tuple[str, Sims, RunningGateway]]:
     """Each engine flavour behind the gateway, its public listener on both servers
     (the lean server reports a disconnect itself; under uvicorn a watcher task does)."""
     flavor, server = request.param
-    with running_sims([SimConfig(flavor=flavor, speed=SPEED, parallel=4, kv_tokens=65536)]) as sims, \
-            running_gateway([ReplicaConfig(url=sims.urls[0], kind=flavor)], server=server) as gw:
+    with (
+        running_sims([SimConfig(flavor=flavor, speed=SPEED, parallel=4, kv_tokens=65536)]) as sims,
+        running_gateway([ReplicaConfig(url=sims.urls[0], kind=flavor)], server=server) as gw,
+    ):
         yield flavor, sims, gw
 
 
@@ -46,6 +50,7 @@ def _engine_idle(sims: Sims) -> dict[str, Any]:
     def idle() -> dict[str, Any] | None:
         totals = sims.stats()["totals"]
         return totals if totals["running"] == 0 and totals["kv_blocks_pinned"] == 0 else None
+
     return wait_for(idle, timeout=10)
 
 
@@ -57,8 +62,10 @@ def test_abort_mid_stream(setup: tuple[str, Sims, RunningGateway]) -> None:
     closed = req.close()
     rec = _aborted_record(sims)
     latency = rec["abort_wall"] - closed
-    print(f"\n[{flavor}] streaming: close -> engine abort {latency * 1000:.1f} ms "
-          f"after {rec['output_tokens']} tokens")
+    print(
+        f"\n[{flavor}] streaming: close -> engine abort {latency * 1000:.1f} ms "
+        f"after {rec['output_tokens']} tokens"
+    )
     assert -0.05 < latency < BOUND_S[flavor]
     assert rec["output_tokens"] < MAX_TOKENS
     _engine_idle(sims)
@@ -68,13 +75,17 @@ def test_abort_mid_stream(setup: tuple[str, Sims, RunningGateway]) -> None:
 
 def test_abort_non_streaming_while_generating(setup: tuple[str, Sims, RunningGateway]) -> None:
     flavor, sims, gw = setup
-    req = RawRequest(gw.url + "/v1/chat/completions", chat_body(stream=False, max_tokens=MAX_TOKENS))
+    req = RawRequest(
+        gw.url + "/v1/chat/completions", chat_body(stream=False, max_tokens=MAX_TOKENS)
+    )
     wait_for(lambda: [r for r in sims.records() if r["output_tokens"] >= 5])
     closed = req.close()
     rec = _aborted_record(sims)
     latency = rec["abort_wall"] - closed
-    print(f"\n[{flavor}] non-streaming: close -> engine abort {latency * 1000:.1f} ms "
-          f"after {rec['output_tokens']} tokens")
+    print(
+        f"\n[{flavor}] non-streaming: close -> engine abort {latency * 1000:.1f} ms "
+        f"after {rec['output_tokens']} tokens"
+    )
     assert -0.05 < latency < BOUND_S[flavor]
     _engine_idle(sims)
     text = settled(gw)
@@ -87,9 +98,13 @@ def test_abort_non_streaming_while_generating(setup: tuple[str, Sims, RunningGat
 
 def test_queued_request_leaves_the_queue_and_never_reaches_the_engine() -> None:
     cfg = SimConfig(speed=SPEED, kv_tokens=65536)
-    with running_sims([cfg]) as sims, running_gateway(
+    with (
+        running_sims([cfg]) as sims,
+        running_gateway(
             [ReplicaConfig(url=sims.urls[0], kind="vllm")],
-            admission=AdmissionConfig(max_in_flight=1)) as gw:
+            admission=AdmissionConfig(max_in_flight=1),
+        ) as gw,
+    ):
         url = gw.url + "/v1/chat/completions"
         first = RawRequest(url, chat_body(stream=True))
         first.read_until(b"data: ", count=2)

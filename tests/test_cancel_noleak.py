@@ -52,9 +52,13 @@ def _engines_idle(sims: Sims) -> bool:
 
 def test_no_leaks_under_random_disconnects_and_deadlines() -> None:
     configs = [SimConfig(speed=40, kv_tokens=32768, max_num_seqs=8, seed=i) for i in range(2)]
-    with running_sims(configs) as sims, running_gateway(
+    with (
+        running_sims(configs) as sims,
+        running_gateway(
             [ReplicaConfig(url=u, kind="vllm") for u in sims.urls],
-            admission=AdmissionConfig(max_in_flight=3)) as gw:
+            admission=AdmissionConfig(max_in_flight=3),
+        ) as gw,
+    ):
         with ThreadPoolExecutor(max_workers=12) as pool:
             kinds = list(pool.map(lambda s: _one(gw, s), range(SEED, SEED + N)))
         assert len(kinds) == N
@@ -66,11 +70,20 @@ def test_no_leaks_under_random_disconnects_and_deadlines() -> None:
         cancelled = metric(text, "gateway_requests_total", outcome="cancelled")
         total = metric(text, "gateway_requests_total")
         failed = total - finished - cancelled
-        print(f"\nadmitted={admitted:.0f} finished={finished:.0f} cancelled={cancelled:.0f} failed={failed:.0f} "
-              f"deadline_exceeded={metric(text, 'gateway_requests_total', outcome='deadline_exceeded'):.0f} "
-              f"ingress_cancel={metric(text, 'gateway_cancellations_total', stage='ingress'):.0f}")
-        outcomes = sorted({line.split('outcome="')[1].split('"')[0] for line in text.splitlines()
-                           if line.startswith("gateway_requests_total{")})
+        deadline_exceeded = metric(text, "gateway_requests_total", outcome="deadline_exceeded")
+        print(
+            f"\nadmitted={admitted:.0f} finished={finished:.0f} cancelled={cancelled:.0f} "
+            f"failed={failed:.0f} "
+            f"deadline_exceeded={deadline_exceeded:.0f} "
+            f"ingress_cancel={metric(text, 'gateway_cancellations_total', stage='ingress'):.0f}"
+        )
+        outcomes = sorted(
+            {
+                line.split('outcome="')[1].split('"')[0]
+                for line in text.splitlines()
+                if line.startswith("gateway_requests_total{")
+            }
+        )
         print({o: metric(text, "gateway_requests_total", outcome=o) for o in outcomes})
         assert admitted + metric(text, "gateway_cancellations_total", stage="ingress") == N
         assert admitted == finished + cancelled + failed
@@ -80,5 +93,7 @@ def test_no_leaks_under_random_disconnects_and_deadlines() -> None:
         assert gw.gateway.store.live_reservations == 0
         assert all(r["in_flight"] == 0 for r in gw.replicas())
         aborted = sum(1 for i in range(2) for r in sims.records(i) if r["aborted"])
-        print(f"engine aborts={aborted} engine requests={sum(len(sims.records(i)) for i in range(2))}")
+        print(
+            f"engine aborts={aborted} engine requests={sum(len(sims.records(i)) for i in range(2))}"
+        )
         assert aborted > 0

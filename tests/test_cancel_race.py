@@ -30,8 +30,9 @@ class Client:
 
 
 def _ctx() -> RequestContext:
-    return RequestContext(request_id="r", endpoint="chat", path="/", headers=Headers({}),
-                          received_at=time.monotonic())
+    return RequestContext(
+        request_id="r", endpoint="chat", path="/", headers=Headers({}), received_at=time.monotonic()
+    )
 
 
 def test_watcher_asks_once_and_does_not_poll() -> None:
@@ -95,7 +96,9 @@ def test_disconnect_after_last_byte_lets_settling_finish() -> None:
 
 
 def test_an_outside_cancellation_propagates_and_cancels_the_work() -> None:
-    """Server shutdown cancels the request task: that must not be absorbed as a client disconnect."""
+    """Server shutdown cancels the request task: that must not be absorbed as a client "
+    "disconnect."""
+
     async def scenario() -> tuple[bool, bool]:
         client = Client()
         work_cancelled = False
@@ -108,7 +111,9 @@ def test_an_outside_cancellation_propagates_and_cancels_the_work() -> None:
                 work_cancelled = True
                 raise
 
-        task = asyncio.ensure_future(_race_disconnect(work(), _receive_watch(client.receive), _ctx()))
+        task = asyncio.ensure_future(
+            _race_disconnect(work(), _receive_watch(client.receive), _ctx())
+        )
         await asyncio.sleep(0.05)
         task.cancel()
         try:
@@ -123,6 +128,7 @@ def test_an_outside_cancellation_propagates_and_cancels_the_work() -> None:
 
 def test_a_disconnect_is_absorbed_and_leaves_the_task_usable() -> None:
     """After the client left, the request task carries no pending cancellation."""
+
     async def scenario() -> bool:
         client = Client()
 

@@ -21,8 +21,12 @@ from gateway.sim.cluster import SimCluster
 @contextmanager
 def _process(args: Sequence[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             yield proc
         finally:
@@ -48,15 +52,38 @@ def _wait_ready(url: str, timeout: float = 30.0) -> None:
 
 def test_demo_serves_openai_clients(tmp_path: Path) -> None:
     port, admin, sim = free_port(), free_port(), free_port()
-    with _process(["demo", "--port", str(port), "--admin-port", str(admin), "--sim-port", str(sim),
-                   "--replicas", "1"], tmp_path / "demo.log"):
+    with _process(
+        [
+            "demo",
+            "--port",
+            str(port),
+            "--admin-port",
+            str(admin),
+            "--sim-port",
+            str(sim),
+            "--replicas",
+            "1",
+        ],
+        tmp_path / "demo.log",
+    ):
         _wait_ready(f"http://127.0.0.1:{port}")
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="demo", max_retries=0)
-        resp = client.chat.completions.create(model="sim-model", max_tokens=8,
-                                              messages=[{"role": "user", "content": "hi"}])
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="demo", max_retries=0
+        )
+        resp = client.chat.completions.create(
+            model="sim-model", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
         assert resp.usage is not None and resp.usage.completion_tokens == 8
-        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            model="sim-model", max_tokens=8, stream=True, messages=[{"role": "user", "content": "hi"}]) if c.choices)
+        text = "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model="sim-model",
+                max_tokens=8,
+                stream=True,
+                messages=[{"role": "user", "content": "hi"}],
+            )
+            if c.choices
+        )
         assert text.strip()
         assert httpx.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).status_code == 200
     out = (tmp_path / "demo.log").read_text()
@@ -64,16 +91,32 @@ def test_demo_serves_openai_clients(tmp_path: Path) -> None:
 
 
 def test_serve_detects_engine_kinds(tmp_path: Path) -> None:
-    with SimCluster.start(1, flavor="vllm", speed=50) as vllm, \
-            SimCluster.start(1, flavor="llamacpp", speed=50) as llama:
+    with (
+        SimCluster.start(1, flavor="vllm", speed=50) as vllm,
+        SimCluster.start(1, flavor="llamacpp", speed=50) as llama,
+    ):
         port, admin = free_port(), free_port()
-        with _process(["serve", "--replica", vllm.urls[0], "--replica", llama.urls[0],
-                       "--port", str(port), "--admin-port", str(admin)], tmp_path / "serve.log"):
+        with _process(
+            [
+                "serve",
+                "--replica",
+                vllm.urls[0],
+                "--replica",
+                llama.urls[0],
+                "--port",
+                str(port),
+                "--admin-port",
+                str(admin),
+            ],
+            tmp_path / "serve.log",
+        ):
             _wait_ready(f"http://127.0.0.1:{port}")
             deadline = time.monotonic() + 15
             kinds: dict[str, str] = {}
             while time.monotonic() < deadline:
-                reps = httpx.get(f"http://127.0.0.1:{admin}/admin/replicas", timeout=5).json()["replicas"]
+                reps = httpx.get(f"http://127.0.0.1:{admin}/admin/replicas", timeout=5).json()[
+                    "replicas"
+                ]
                 kinds = {r["url"]: r["kind"] for r in reps if r["healthy"]}
                 if len(kinds) == 2:
                     break
@@ -84,34 +127,64 @@ def test_serve_detects_engine_kinds(tmp_path: Path) -> None:
 
 
 def test_serve_without_replicas_fails_with_a_clear_error() -> None:
-    result = subprocess.run([sys.executable, "-m", "gateway", "serve"], capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1
     assert "replicas: at least one replica is required" in result.stderr
 
 
-def test_serve_flags_override_the_config_file_and_keep_its_other_listen_keys(tmp_path: Path) -> None:
+def test_serve_flags_override_the_config_file_and_keep_its_other_listen_keys(
+    tmp_path: Path,
+) -> None:
     from gateway.cli import _build_parser, _serve_config
 
     cfg_file = tmp_path / "gw.yaml"
-    cfg_file.write_text("listen:\n  server: uvicorn\n  port: 8181\n  admin_host: 127.0.0.2\n"
-                        "replicas:\n  - url: http://127.0.0.1:9\n")
+    cfg_file.write_text(
+        "listen:\n  server: uvicorn\n  port: 8181\n  admin_host: 127.0.0.2\n"
+        "replicas:\n  - url: http://127.0.0.1:9\n"
+    )
     parser = _build_parser()
     from_file = _serve_config(parser.parse_args(["serve", "--config", str(cfg_file)]))
-    assert (from_file.listen.server, from_file.listen.port, from_file.listen.admin_host) == \
-        ("uvicorn", 8181, "127.0.0.2")
-    flagged = _serve_config(parser.parse_args(["serve", "--config", str(cfg_file), "--server", "lean",
-                                               "--port", "8282"]))
-    assert (flagged.listen.server, flagged.listen.port, flagged.listen.admin_host) == ("lean", 8282, "127.0.0.2")
-    assert _serve_config(parser.parse_args(["serve", "--replica", "http://127.0.0.1:9"])).listen.server == "lean"
+    assert (from_file.listen.server, from_file.listen.port, from_file.listen.admin_host) == (
+        "uvicorn",
+        8181,
+        "127.0.0.2",
+    )
+    flagged = _serve_config(
+        parser.parse_args(
+            ["serve", "--config", str(cfg_file), "--server", "lean", "--port", "8282"]
+        )
+    )
+    assert (flagged.listen.server, flagged.listen.port, flagged.listen.admin_host) == (
+        "lean",
+        8282,
+        "127.0.0.2",
+    )
+    assert (
+        _serve_config(parser.parse_args(["serve", "--replica", "http://127.0.0.1:9"])).listen.server
+        == "lean"
+    )
 
 
 def test_serve_refuses_plugin_specs_the_registry_does_not_know(tmp_path: Path) -> None:
     cfg_file = tmp_path / "gw.yaml"
-    cfg_file.write_text("replicas:\n  - url: http://127.0.0.1:9\n"
-                        "scheduling:\n  plugins: [{name: x, type: nope}]\n"
-                        "  profiles: [{name: p, picker: x}]\n  policy: p\n")
-    result = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(cfg_file)],
-                            capture_output=True, text=True, timeout=60, check=False)
+    cfg_file.write_text(
+        "replicas:\n  - url: http://127.0.0.1:9\n"
+        "scheduling:\n  plugins: [{name: x, type: nope}]\n"
+        "  profiles: [{name: p, picker: x}]\n  policy: p\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("config error:\n")
     assert "scheduling: plugins[0].type: unknown plugin type 'nope'" in result.stderr

@@ -32,7 +32,8 @@ def _compiled_modules() -> dict[str, list[str]]:
     tree = ast.parse((ROOT / "setup.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "COMPILED_MODULES" for t in node.targets):
+            isinstance(t, ast.Name) and t.id == "COMPILED_MODULES" for t in node.targets
+        ):
             value = ast.literal_eval(node.value)
             assert isinstance(value, dict)
             return {str(k): [str(t) for t in v] for k, v in value.items()}
@@ -62,8 +63,11 @@ def test_compiled_modules_are_pure_computation() -> None:
     found = []
     for path in MODULES:
         tree = ast.parse((ROOT / path).read_text(), filename=path)
-        found += [f"{path}:{n.lineno}" for n in ast.walk(tree)
-                  if isinstance(n, (ast.AsyncFunctionDef, ast.Await, ast.AsyncFor, ast.AsyncWith))]
+        found += [
+            f"{path}:{n.lineno}"
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.AsyncFunctionDef, ast.Await, ast.AsyncFor, ast.AsyncWith))
+        ]
     assert not found, f"async code in a compiled module (keep those modules interpreted): {found}"
 
 
@@ -73,10 +77,19 @@ def _backend_requires(compile_flag: str | None) -> tuple[list[str], str]:
     env = {k: v for k, v in os.environ.items() if k != "GATEWAY_COMPILE"}
     if compile_flag is not None:
         env["GATEWAY_COMPILE"] = compile_flag
-    code = ("import json, sys; sys.path.insert(0, 'tools'); import build_backend as b; "
-            "print(json.dumps([b.get_requires_for_build_wheel(), b.MYPYC_REQUIREMENT]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, check=True)
+    code = (
+        "import json, sys; sys.path.insert(0, 'tools'); import build_backend as b; "
+        "print(json.dumps([b.get_requires_for_build_wheel(), b.MYPYC_REQUIREMENT]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     requires, pin = json.loads(proc.stdout.strip().splitlines()[-1])
     return requires, pin
 
@@ -96,8 +109,15 @@ def test_backend_adds_the_compile_toolchain_only_when_the_compiled_build_is_aske
 
 def _setup(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k not in ("GATEWAY_COMPILE", "CC")} | env
-    return subprocess.run([sys.executable, "setup.py", *args], cwd=cwd, env=full, capture_output=True,
-                          text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "setup.py", *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_an_editable_compiled_install_is_refused_and_a_bad_mode_named() -> None:
@@ -109,8 +129,12 @@ def test_an_editable_compiled_install_is_refused_and_a_bad_mode_named() -> None:
 
 
 def _source_copy(dest: Path) -> Path:
-    for rel in ["setup.py", "pyproject.toml", "README.md", *[str(p.relative_to(ROOT)) for p in
-                                                           (ROOT / "gateway").rglob("*.py")]]:
+    for rel in [
+        "setup.py",
+        "pyproject.toml",
+        "README.md",
+        *[str(p.relative_to(ROOT)) for p in (ROOT / "gateway").rglob("*.py")],
+    ]:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes((ROOT / rel).read_bytes())
     return dest
@@ -122,7 +146,9 @@ def test_the_default_build_is_pure_python_and_1_without_a_compiler_fails(tmp_pat
     assert default.returncode == 0, default.stderr
     assert not list(tree.rglob("*.so"))
     strict = _setup(["build_ext", "--inplace"], tree, CC="/nonexistent/cc", GATEWAY_COMPILE="1")
-    assert strict.returncode != 0 and "cannot compile: no C compiler" in strict.stderr + strict.stdout
+    assert (
+        strict.returncode != 0 and "cannot compile: no C compiler" in strict.stderr + strict.stdout
+    )
 
 
 def _extension(name: str) -> bool:
@@ -140,7 +166,9 @@ def test_this_run_imports_the_build_it_claims() -> None:
     else:
         want = expected == "1"
         wrong = [path for path, is_ext in compiled.items() if is_ext != want]
-        assert not wrong, f"expected {'compiled' if want else 'pure-Python'} modules, got otherwise: {wrong}"
+        assert not wrong, (
+            f"expected {'compiled' if want else 'pure-Python'} modules, got otherwise: {wrong}"
+        )
     assert buildinfo.compiled() == all(compiled.values())
 
 
@@ -148,4 +176,3 @@ def test_build_info_metric_says_which_build_runs() -> None:
     text = generate_latest(GatewayMetrics().registry).decode()
     flag = "true" if buildinfo.compiled() else "false"
     assert f'gateway_build_info{{compiled="{flag}",version="' in text
-

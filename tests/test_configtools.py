@@ -48,8 +48,12 @@ def test_literal_choices_and_required_keys() -> None:
     found = problems({"replicas": [{"kind": "tgi"}]})
     assert "replicas[0].url: required key is missing" in found
     assert any("replicas[0].kind: must be one of" in p for p in found)
-    assert any(p.startswith("listen.server: must be one of 'lean', 'uvicorn'")
-               for p in problems({"listen": {"server": "nginx"}, "replicas": [{"url": "http://127.0.0.1:1"}]}))
+    assert any(
+        p.startswith("listen.server: must be one of 'lean', 'uvicorn'")
+        for p in problems(
+            {"listen": {"server": "nginx"}, "replicas": [{"url": "http://127.0.0.1:1"}]}
+        )
+    )
 
 
 def test_env_references(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,7 +66,9 @@ def test_env_references(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_duplicate_replica_names() -> None:
-    found = problems({"replicas": [{"url": "http://a:1", "name": "x"}, {"url": "http://b:1", "name": "x"}]})
+    found = problems(
+        {"replicas": [{"url": "http://a:1", "name": "x"}, {"url": "http://b:1", "name": "x"}]}
+    )
     assert any("duplicate replica names ['x']" in p for p in found)
 
 
@@ -74,14 +80,24 @@ def test_invalid_yaml_file(tmp_path: Path) -> None:
     assert "invalid YAML" in exc.value.problems[0]
 
 
-def _check_config(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", "check-config", str(path)],
-                          capture_output=True, text=True, timeout=60, env=env, check=False)
+def _check_config(
+    path: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
 
 
 def test_check_config_cli_rejects_unknown_key(tmp_path: Path) -> None:
     cfg = tmp_path / "gateway.yaml"
-    cfg.write_text("replicas:\n  - url: http://127.0.0.1:8000\n    colour: blue\nlisten:\n  prot: 1\n")
+    cfg.write_text(
+        "replicas:\n  - url: http://127.0.0.1:8000\n    colour: blue\nlisten:\n  prot: 1\n"
+    )
     result = _check_config(cfg)
     assert result.returncode == 1
     assert "replicas[0].colour: unknown key" in result.stderr
@@ -102,8 +118,10 @@ def test_check_config_cli_prints_effective_config_with_secrets_masked(tmp_path: 
 
 def test_check_config_cli_checks_plugin_specs_against_the_registry(tmp_path: Path) -> None:
     cfg = tmp_path / "gateway.yaml"
-    cfg.write_text("scheduling:\n  policy: p\n  profiles:\n    - {name: p, picker: least-load}\n"
-                   "  plugins:\n    - {name: least-load, type: least-load, parameters: {bogus: 1}}\n")
+    cfg.write_text(
+        "scheduling:\n  policy: p\n  profiles:\n    - {name: p, picker: least-load}\n"
+        "  plugins:\n    - {name: least-load, type: least-load, parameters: {bogus: 1}}\n"
+    )
     result = _check_config(cfg)
     assert result.returncode == 1
     assert "scheduling: plugins[0].parameters.bogus: unknown key" in result.stderr
@@ -114,10 +132,13 @@ def test_config_is_plain_data_and_imports_no_plugins() -> None:
     # Decoding checks the shape; the plugin registry checks the specs (at startup).
     cfg = parse_config({"scheduling": {"plugins": [{"name": "x", "type": "nope"}], "policy": "x"}})
     assert cfg.scheduling.plugins[0].type == "nope"
-    code = ("import sys, gateway.config.schema; "
-            "print(sorted(m for m in sys.modules if m.startswith('gateway.')))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            check=True).stdout
+    code = (
+        "import sys, gateway.config.schema; "
+        "print(sorted(m for m in sys.modules if m.startswith('gateway.')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert "gateway.config.schema" in loaded
     assert "gateway.scheduling" not in loaded
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 from collections.abc import MutableMapping
@@ -41,8 +40,12 @@ def parse(**headers: str) -> ClientDeadlines:
 
 
 def ctx_with(client: ClientDeadlines | None = None, policy: Policy | None = None) -> RequestContext:
-    ctx = RequestContext(request_id="r", endpoint="chat", path="/", headers=Headers({}), received_at=MONO0)
-    request = parse_request("chat", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+    ctx = RequestContext(
+        request_id="r", endpoint="chat", path="/", headers=Headers({}), received_at=MONO0
+    )
+    request = parse_request(
+        "chat", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    )
     ctx.parsed = Parsed(request, None, client or ClientDeadlines())
     ctx.contract = Contract(policy) if policy is not None else None
     return ctx
@@ -60,31 +63,45 @@ def fixed(ctx: RequestContext, when: float, source: str, start_at: float | None 
 
 async def started_send(ctx: RequestContext) -> Any:
     """A client `send` that records the response start, as the endpoint's does."""
+
     async def send(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             ctx.response.started = True
+
     return send
 
 
-@pytest.mark.parametrize("value", ["1767225630", "1767225630.0", " 1767225630 ", "2026-01-01T00:00:30Z",
-                                   "2026-01-01T01:00:30+01:00", "2026-01-01t00:00:30.000z"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1767225630",
+        "1767225630.0",
+        " 1767225630 ",
+        "2026-01-01T00:00:30Z",
+        "2026-01-01T01:00:30+01:00",
+        "2026-01-01t00:00:30.000z",
+    ],
+)
 def test_absolute_deadline_forms(value: str) -> None:
     assert parse(x_request_deadline=value).absolute == pytest.approx(MONO0 + 30)
 
 
-@pytest.mark.parametrize(("header", "value"), [
-    ("x-request-deadline", "tomorrow"),
-    ("x-request-deadline", "2026-01-01T00:00:30"),  # RFC 3339 needs an offset
-    ("x-request-deadline", "nan"),
-    ("x-request-deadline", "-5"),
-    ("x-request-deadline", ""),
-    ("x-request-timeout", "0"),
-    ("x-request-timeout", "-1"),
-    ("x-request-timeout", "inf"),
-    ("x-request-timeout", "5s"),
-    ("x-stainless-timeout", "None"),
-    ("x-stainless-read-timeout", "abc"),
-])
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("x-request-deadline", "tomorrow"),
+        ("x-request-deadline", "2026-01-01T00:00:30"),  # RFC 3339 needs an offset
+        ("x-request-deadline", "nan"),
+        ("x-request-deadline", "-5"),
+        ("x-request-deadline", ""),
+        ("x-request-timeout", "0"),
+        ("x-request-timeout", "-1"),
+        ("x-request-timeout", "inf"),
+        ("x-request-timeout", "5s"),
+        ("x-stainless-timeout", "None"),
+        ("x-stainless-read-timeout", "abc"),
+    ],
+)
 def test_malformed_headers_are_400_naming_the_header(header: str, value: str) -> None:
     with pytest.raises(InvalidDeadlineHeader) as exc:
         parse_headers(Headers({header: value}), MONO0, wall=wall, mono=mono)
@@ -148,14 +165,27 @@ def test_per_policy_timeouts_override_config() -> None:
 finite = st.floats(min_value=0.001, max_value=1e6)
 
 
-@given(default=finite, extra=finite, total=finite, absolute=st.none() | finite, relative=st.none() | finite,
-       session=st.none() | finite)
+@given(
+    default=finite,
+    extra=finite,
+    total=finite,
+    absolute=st.none() | finite,
+    relative=st.none() | finite,
+    session=st.none() | finite,
+)
 def test_effective_deadline_is_the_earliest_applicable_bound(
-        default: float, extra: float, total: float, absolute: float | None, relative: float | None,
-        session: float | None) -> None:
+    default: float,
+    extra: float,
+    total: float,
+    absolute: float | None,
+    relative: float | None,
+    session: float | None,
+) -> None:
     policy = Policy(name="p", deadline=DeadlineSpec(default_s=default, max_s=default + extra))
-    client = ClientDeadlines(None if absolute is None else MONO0 + absolute,
-                             None if relative is None else MONO0 + relative)
+    client = ClientDeadlines(
+        None if absolute is None else MONO0 + absolute,
+        None if relative is None else MONO0 + relative,
+    )
     ctx = ctx_with(client, policy)
     resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=total)))
     if session is not None:

@@ -28,8 +28,10 @@ SLACK_S = 1.0  # generous bound on "shortly after the deadline" under CPU conten
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[tuple[Sims, RunningGateway]]:
-    with running_sims([SimConfig(speed=20, kv_tokens=65536)]) as sims, \
-            running_gateway([ReplicaConfig(url=sims.urls[0], kind="vllm")]) as gw:
+    with (
+        running_sims([SimConfig(speed=20, kv_tokens=65536)]) as sims,
+        running_gateway([ReplicaConfig(url=sims.urls[0], kind="vllm")]) as gw,
+    ):
         yield sims, gw
 
 
@@ -48,13 +50,17 @@ def _aborted(sims: Sims) -> dict[str, Any]:
     return recs[0]
 
 
-def _post(gw: RunningGateway, body: dict[str, Any], headers: dict[str, str]) -> tuple[httpx.Response, float]:
+def _post(
+    gw: RunningGateway, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[httpx.Response, float]:
     t0 = time.monotonic()
     resp = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
     return resp, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("header", ["x-request-timeout", "x-request-deadline", "x-stainless-read-timeout"])
+@pytest.mark.parametrize(
+    "header", ["x-request-timeout", "x-request-deadline", "x-stainless-read-timeout"]
+)
 def test_deadline_before_start_is_504(fresh: tuple[Sims, RunningGateway], header: str) -> None:
     sims, gw = fresh
     value = f"{time.time() + 0.4:.3f}" if header == "x-request-deadline" else "0.4"
@@ -64,7 +70,9 @@ def test_deadline_before_start_is_504(fresh: tuple[Sims, RunningGateway], header
     assert resp.json()["error"]["type"] == "timeout_error"
     assert resp.headers["x-gateway-reject-reason"] == "deadline_exceeded"
     # An absolute instant cannot be met by a retry: tell the SDKs not to retry.
-    assert resp.headers.get("x-should-retry") == ("false" if header == "x-request-deadline" else None)
+    assert resp.headers.get("x-should-retry") == (
+        "false" if header == "x-request-deadline" else None
+    )
     assert 0.3 < elapsed < 0.4 + SLACK_S, elapsed
     rec = _aborted(sims)
     assert rec["output_tokens"] < 20000
@@ -83,8 +91,13 @@ def test_deadline_while_queued_at_the_engine_is_504(fresh: tuple[Sims, RunningGa
 def test_deadline_mid_stream_is_an_sse_error_then_end(fresh: tuple[Sims, RunningGateway]) -> None:
     sims, gw = fresh
     t0 = time.monotonic()
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=chat_body(stream=True),
-                      headers={"x-request-timeout": "0.5"}, timeout=30) as resp:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        json=chat_body(stream=True),
+        headers={"x-request-timeout": "0.5"},
+        timeout=30,
+    ) as resp:
         assert resp.status_code == 200
         text = "".join(resp.iter_text())
     elapsed = time.monotonic() - t0
@@ -104,8 +117,13 @@ def test_client_timeout_does_not_cut_a_flowing_stream(fresh: tuple[Sims, Running
     sims, gw = fresh
     body = chat_body(stream=True, max_tokens=1200)  # ~0.9 s of tokens at speed 20
     t0 = time.monotonic()
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body,
-                      headers={"x-stainless-read-timeout": "0.3"}, timeout=30) as resp:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        json=body,
+        headers={"x-stainless-read-timeout": "0.3"},
+        timeout=30,
+    ) as resp:
         text = "".join(resp.iter_text())
     assert time.monotonic() - t0 > 0.3
     assert '"error"' not in text and text.endswith("data: [DONE]\n\n")
@@ -114,8 +132,11 @@ def test_client_timeout_does_not_cut_a_flowing_stream(fresh: tuple[Sims, Running
 
 def test_malformed_deadline_header_is_400_naming_it(fresh: tuple[Sims, RunningGateway]) -> None:
     sims, gw = fresh
-    for header, value in (("x-request-deadline", "next tuesday"), ("x-request-timeout", "-3"),
-                          ("x-stainless-timeout", "soon")):
+    for header, value in (
+        ("x-request-deadline", "next tuesday"),
+        ("x-request-timeout", "-3"),
+        ("x-stainless-timeout", "soon"),
+    ):
         resp, _ = _post(gw, chat_body(stream=False, max_tokens=5), {header: value})
         assert resp.status_code == 400
         err = resp.json()["error"]
@@ -124,7 +145,9 @@ def test_malformed_deadline_header_is_400_naming_it(fresh: tuple[Sims, RunningGa
     assert sims.records() == []
 
 
-def test_remaining_budget_is_forwarded_as_absolute_deadline(fresh: tuple[Sims, RunningGateway]) -> None:
+def test_remaining_budget_is_forwarded_as_absolute_deadline(
+    fresh: tuple[Sims, RunningGateway],
+) -> None:
     sims, gw = fresh
     sent = time.time()
     resp, _ = _post(gw, chat_body(stream=False, max_tokens=5), {"x-request-timeout": "30"})
@@ -136,7 +159,9 @@ def test_remaining_budget_is_forwarded_as_absolute_deadline(fresh: tuple[Sims, R
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_openai_sdk_client_timeout_is_honoured(fresh: tuple[Sims, RunningGateway], stream: bool) -> None:
+def test_openai_sdk_client_timeout_is_honoured(
+    fresh: tuple[Sims, RunningGateway], stream: bool
+) -> None:
     """The real SDK sends its timeout (X-Stainless-Read-Timeout); the engine is
     aborted no later than when the client gives up."""
     sims, gw = fresh
@@ -145,9 +170,13 @@ def test_openai_sdk_client_timeout_is_honoured(fresh: tuple[Sims, RunningGateway
     client = gw.openai(timeout=0.6, max_retries=0)
     # Either the client's own timer fires first, or the gateway's 504 reaches it first.
     with pytest.raises((openai.APITimeoutError, openai.InternalServerError)):
-        result = client.chat.completions.create(model="sim-model", messages=MSG,  # type: ignore[arg-type]
-                                                max_tokens=20000, stream=stream,
-                                                extra_body={"ignore_eos": True})
+        result = client.chat.completions.create(
+            model="sim-model",
+            messages=MSG,  # type: ignore[arg-type]
+            max_tokens=20000,
+            stream=stream,
+            extra_body={"ignore_eos": True},
+        )
         if stream:
             for _ in result:  # type: ignore[union-attr]
                 pass
@@ -155,5 +184,5 @@ def test_openai_sdk_client_timeout_is_honoured(fresh: tuple[Sims, RunningGateway
     if stream:
         sims.fault(0, paused=False)
     rec = _aborted(sims)
-    assert rec["abort_wall"] <= gave_up + 0.25, (rec["abort_wall"] - gave_up)
+    assert rec["abort_wall"] <= gave_up + 0.25, rec["abort_wall"] - gave_up
     assert float(rec["headers_seen"]["x-request-deadline"]) > 0

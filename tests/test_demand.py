@@ -9,19 +9,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config.schema import AdmissionConfig
-from gateway.config.decode import ConfigError
-from gateway.pipeline.context import RequestContext
 from gateway.admission.demand import _WINDOW, DemandEstimator, OutputLearner
+from gateway.config.decode import ConfigError
+from gateway.config.schema import AdmissionConfig
+from gateway.pipeline.context import RequestContext
 from gateway.policy.policyset import Policy, load_policy_set
 from tests.ctxkit import make_ctx
 
 
 @settings(max_examples=200, deadline=None)
-@given(events=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 10_000) | st.none()), max_size=700),
-       q=st.sampled_from([0.5, 0.9, 0.95, 0.99]), min_samples=st.integers(1, 60))
-def test_learned_quantile_is_the_windowed_quantile(events: list[tuple[str, int | None]], q: float,
-                                                   min_samples: int) -> None:
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 10_000) | st.none()), max_size=700
+    ),
+    q=st.sampled_from([0.5, 0.9, 0.95, 0.99]),
+    min_samples=st.integers(1, 60),
+)
+def test_learned_quantile_is_the_windowed_quantile(
+    events: list[tuple[str, int | None]], q: float, min_samples: int
+) -> None:
     """Records interleaved with reads (None): every read equals the quantile of
     the task's last `_WINDOW` outputs, computed from scratch."""
     learner = OutputLearner(q, min_samples)
@@ -32,7 +38,11 @@ def test_learned_quantile_is_the_windowed_quantile(events: list[tuple[str, int |
             seen[task].append(value)
             continue
         window = sorted(seen[task][-_WINDOW:])
-        expected = window[min(len(window) - 1, int(q * len(window)))] if len(window) >= min_samples else None
+        expected = (
+            window[min(len(window) - 1, int(q * len(window)))]
+            if len(window) >= min_samples
+            else None
+        )
         assert learner.quantile(task) == expected
         assert learner.quantile(task) == expected  # the cached answer is the same
 
@@ -46,10 +56,18 @@ def _policies(tmp_path: Path, mode: str) -> Policy | None:
     return load_policy_set(str(tmp_path)).get("agent")
 
 
-@pytest.mark.parametrize(("config_mode", "policy_mode", "learned"), [
-    ("limit", "learned", True), ("learned", "limit", False), ("learned", None, True), ("limit", None, False)])
-def test_the_policy_chooses_the_reservation_mode_else_the_config(tmp_path: Path, config_mode: str,
-                                                                policy_mode: str | None, learned: bool) -> None:
+@pytest.mark.parametrize(
+    ("config_mode", "policy_mode", "learned"),
+    [
+        ("limit", "learned", True),
+        ("learned", "limit", False),
+        ("learned", None, True),
+        ("limit", None, False),
+    ],
+)
+def test_the_policy_chooses_the_reservation_mode_else_the_config(
+    tmp_path: Path, config_mode: str, policy_mode: str | None, learned: bool
+) -> None:
     cfg = AdmissionConfig(output_reservation=config_mode, learned_min_samples=10)  # type: ignore[arg-type]
     est = DemandEstimator(cfg)
     policy = _policies(tmp_path, policy_mode) if policy_mode else None

@@ -7,9 +7,17 @@ from gateway.errors import ContextLengthExceeded, error_body
 
 
 def test_vllm_context_error_becomes_openai_shape() -> None:
-    body = json.dumps({"error": {"message": "This model's maximum context length is 2048 tokens. However, "
-                                            "your prompt contains 3000 input tokens.",
-                                 "type": "BadRequestError", "param": None, "code": 400}}).encode()
+    body = json.dumps(
+        {
+            "error": {
+                "message": "This model's maximum context length is 2048 tokens. However, "
+                "your prompt contains 3000 input tokens.",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
+        }
+    ).encode()
     err = adapter_for("vllm").normalize_error(400, body)
     assert isinstance(err, ContextLengthExceeded)
     out = error_body(err)["error"]
@@ -19,13 +27,23 @@ def test_vllm_context_error_becomes_openai_shape() -> None:
 
 def test_vllm_unauthorized_string_error() -> None:
     err = adapter_for("vllm").normalize_error(401, b'{"error": "Unauthorized"}')
-    assert err.status == 401 and err.message == "Unauthorized" and err.type == "authentication_error"
+    assert (
+        err.status == 401 and err.message == "Unauthorized" and err.type == "authentication_error"
+    )
 
 
 def test_llamacpp_context_error_keeps_both_numbers() -> None:
-    body = json.dumps({"error": {"code": 400, "message": "the request exceeds the available context size",
-                                 "type": "exceed_context_size_error", "n_prompt_tokens": 5000,
-                                 "n_ctx": 4096}}).encode()
+    body = json.dumps(
+        {
+            "error": {
+                "code": 400,
+                "message": "the request exceeds the available context size",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 5000,
+                "n_ctx": 4096,
+            }
+        }
+    ).encode()
     err = adapter_for("llamacpp").normalize_error(400, body)
     assert isinstance(err, ContextLengthExceeded)
     assert "4096" in err.message and "5000" in err.message

@@ -99,10 +99,20 @@ llamacpp:requests_deferred 3
 def _slots() -> list[dict[str, object]]:
     return [
         # n_prompt_tokens is the slot's whole context (prompt + decoded so far).
-        {"id": 0, "n_ctx": 8192, "is_processing": True, "n_prompt_tokens": 1024,
-         "next_token": [{"has_next_token": True, "n_decoded": 24}]},
-        {"id": 1, "n_ctx": 8192, "is_processing": True, "n_prompt_tokens": 510,
-         "next_token": {"n_decoded": 10}},
+        {
+            "id": 0,
+            "n_ctx": 8192,
+            "is_processing": True,
+            "n_prompt_tokens": 1024,
+            "next_token": [{"has_next_token": True, "n_decoded": 24}],
+        },
+        {
+            "id": 1,
+            "n_ctx": 8192,
+            "is_processing": True,
+            "n_prompt_tokens": 510,
+            "next_token": {"n_decoded": 10},
+        },
         {"id": 2, "n_ctx": 8192, "is_processing": False, "n_prompt_tokens": 7000},
         {"id": 3, "n_ctx": 8192, "is_processing": False},
     ]

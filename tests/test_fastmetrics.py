@@ -13,15 +13,22 @@ _LABELS = st.sampled_from(["chat", "agent", "bat ch", 'q"uote'])
 
 
 def _exposition(registry: CollectorRegistry) -> list[str]:
-    return sorted(line for line in generate_latest(registry).decode().splitlines()
-                  if "_created" not in line)
+    return sorted(
+        line for line in generate_latest(registry).decode().splitlines() if "_created" not in line
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(_LABELS, _LABELS, st.floats(min_value=0, max_value=1000, allow_nan=False)),
-                    max_size=30),
-       gauge_moves=st.lists(st.booleans(), max_size=20))
-def test_same_exposition_as_prometheus_client(ops: list[tuple[str, str, float]], gauge_moves: list[bool]) -> None:
+@given(
+    ops=st.lists(
+        st.tuples(_LABELS, _LABELS, st.floats(min_value=0, max_value=1000, allow_nan=False)),
+        max_size=30,
+    ),
+    gauge_moves=st.lists(st.booleans(), max_size=20),
+)
+def test_same_exposition_as_prometheus_client(
+    ops: list[tuple[str, str, float]], gauge_moves: list[bool]
+) -> None:
     ref, fast = CollectorRegistry(), CollectorRegistry()
     rc = Counter("t_requests", "Requests.", ["task", "outcome"], registry=ref)
     fc = LockFreeCounter("t_requests", "Requests.", ["task", "outcome"], registry=fast)

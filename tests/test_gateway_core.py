@@ -30,9 +30,13 @@ def scripted() -> Iterator[tuple[Script, str]]:
 
 
 @pytest.fixture(params=["lean", "uvicorn"])
-def gw_scripted(scripted: tuple[Script, str], request: pytest.FixtureRequest) -> Iterator[tuple[Script, RunningGateway]]:
+def gw_scripted(
+    scripted: tuple[Script, str], request: pytest.FixtureRequest
+) -> Iterator[tuple[Script, RunningGateway]]:
     script, url = scripted
-    with running_gateway([ReplicaConfig(url=url, kind="vllm", api_key="engine-key")], server=request.param) as gw:
+    with running_gateway(
+        [ReplicaConfig(url=url, kind="vllm", api_key="engine-key")], server=request.param
+    ) as gw:
         yield script, gw
 
 
@@ -51,7 +55,9 @@ def test_streaming_is_incremental(gw_scripted: tuple[Script, RunningGateway]) ->
     assert arrivals[0] < arrivals[-1] / 2, arrivals
 
 
-def test_stream_headers_and_usage_not_injected_for_client(gw_scripted: tuple[Script, RunningGateway]) -> None:
+def test_stream_headers_and_usage_not_injected_for_client(
+    gw_scripted: tuple[Script, RunningGateway],
+) -> None:
     script, gw = gw_scripted
     body = {"model": "m", "messages": MSG, "stream": True}
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as resp:
@@ -65,37 +71,57 @@ def test_stream_headers_and_usage_not_injected_for_client(gw_scripted: tuple[Scr
 
 
 def test_request_id_round_trip_and_authorization_never_forwarded(
-        gw_scripted: tuple[Script, RunningGateway]) -> None:
+    gw_scripted: tuple[Script, RunningGateway],
+) -> None:
     script, gw = gw_scripted
-    resp = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG},
-                      headers={"x-request-id": "req-abc-123", "authorization": "Bearer client-secret",
-                               "cookie": "session=1"}, timeout=30)
+    resp = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "m", "messages": MSG},
+        headers={
+            "x-request-id": "req-abc-123",
+            "authorization": "Bearer client-secret",
+            "cookie": "session=1",
+        },
+        timeout=30,
+    )
     assert resp.status_code == 200
     assert resp.headers["x-request-id"] == "req-abc-123"
     upstream = script.seen[-1]["headers"]
     assert upstream["x-request-id"] == "req-abc-123"
     assert upstream["authorization"] == "Bearer engine-key"
     assert "cookie" not in upstream
-    generated = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=30)
+    generated = httpx.post(
+        gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=30
+    )
     rid = generated.headers["x-request-id"]
     assert len(rid) >= 16 and script.seen[-1]["headers"]["x-request-id"] == rid
 
 
-def test_non_streaming_body_passes_through_unchanged(gw_scripted: tuple[Script, RunningGateway]) -> None:
+def test_non_streaming_body_passes_through_unchanged(
+    gw_scripted: tuple[Script, RunningGateway],
+) -> None:
     _, gw = gw_scripted
-    resp = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=30)
+    resp = httpx.post(
+        gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=30
+    )
     assert resp.json()["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
     assert resp.headers["x-gateway-replica"]
     assert float(resp.headers["x-gateway-overhead-ms"]) >= 0
 
 
-@pytest.mark.parametrize("engine_body", [VLLM_CONTEXT_ERROR, LLAMACPP_CONTEXT_ERROR], ids=["vllm", "llamacpp"])
-def test_engine_errors_come_out_openai_shaped(scripted: tuple[Script, str], engine_body: dict) -> None:
+@pytest.mark.parametrize(
+    "engine_body", [VLLM_CONTEXT_ERROR, LLAMACPP_CONTEXT_ERROR], ids=["vllm", "llamacpp"]
+)
+def test_engine_errors_come_out_openai_shaped(
+    scripted: tuple[Script, str], engine_body: dict
+) -> None:
     script, url = scripted
     script.status, script.error_body = 400, engine_body
     kind = "vllm" if engine_body is VLLM_CONTEXT_ERROR else "llamacpp"
-    with running_gateway([ReplicaConfig(url=url, kind=kind)]) as gw, \
-            pytest.raises(openai.BadRequestError) as exc:
+    with (
+        running_gateway([ReplicaConfig(url=url, kind=kind)]) as gw,
+        pytest.raises(openai.BadRequestError) as exc,
+    ):
         gw.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
     err = exc.value.body
     assert isinstance(err, dict)
@@ -107,7 +133,9 @@ def test_engine_errors_come_out_openai_shaped(scripted: tuple[Script, str], engi
 def test_bad_requests(gw_scripted: tuple[Script, RunningGateway]) -> None:
     script, gw = gw_scripted
     url = gw.url + "/v1/chat/completions"
-    bad = httpx.post(url, content=b"{nope", headers={"content-type": "application/json"}, timeout=10)
+    bad = httpx.post(
+        url, content=b"{nope", headers={"content-type": "application/json"}, timeout=10
+    )
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
     wrong = httpx.post(url, json={"model": "m", "messages": MSG, "max_tokens": "ten"}, timeout=10)
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "max_tokens"
@@ -129,7 +157,9 @@ def test_body_too_large(scripted: tuple[Script, str], server: Literal["lean", "u
         resp = httpx.post(gw.url + "/v1/chat/completions", json=big, timeout=10)
         assert resp.status_code == 413
         assert resp.json()["error"]["code"] == "request_too_large"
-        chunked = httpx.post(gw.url + "/v1/chat/completions", content=iter([b"x" * 3000] * 3), timeout=10)
+        chunked = httpx.post(
+            gw.url + "/v1/chat/completions", content=iter([b"x" * 3000] * 3), timeout=10
+        )
         assert chunked.status_code == 413
     assert script.seen == []
 
@@ -137,7 +167,9 @@ def test_body_too_large(scripted: tuple[Script, str], server: Literal["lean", "u
 def test_upstream_down_is_502_or_503() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     with running_gateway([ReplicaConfig(url=dead, kind="vllm")]) as gw:
-        resp = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=10)
+        resp = httpx.post(
+            gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=10
+        )
         assert resp.status_code == 503
         assert resp.json()["error"]["code"] == "no_healthy_replica"
         assert int(resp.headers["retry-after"]) >= 1
@@ -151,7 +183,9 @@ def test_connect_failure_after_health_is_502() -> None:
     with running_gateway([ReplicaConfig(url=dead, kind="vllm")]) as gw:
         replica = gw.gateway.registry.replicas[0]
         replica.healthy = True  # as if it died right after its last good probe
-        resp = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=10)
+        resp = httpx.post(
+            gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=10
+        )
         assert resp.status_code == 502
         assert resp.json()["error"]["code"] == "upstream_connect_failed"
 
@@ -159,9 +193,13 @@ def test_connect_failure_after_health_is_502() -> None:
 def test_unhealthy_replica_gets_no_traffic_until_it_recovers() -> None:
     a, b = Script(), Script()
     pa, pb = free_port(), free_port()
-    with BackgroundServers([Listener(scripted_app(a), "127.0.0.1", pa),
-                            Listener(scripted_app(b), "127.0.0.1", pb)]):
-        replicas = [ReplicaConfig(url=f"http://127.0.0.1:{p}", kind="vllm", name=n) for p, n in ((pa, "a"), (pb, "b"))]
+    with BackgroundServers(
+        [Listener(scripted_app(a), "127.0.0.1", pa), Listener(scripted_app(b), "127.0.0.1", pb)]
+    ):
+        replicas = [
+            ReplicaConfig(url=f"http://127.0.0.1:{p}", kind="vllm", name=n)
+            for p, n in ((pa, "a"), (pb, "b"))
+        ]
         with running_gateway(replicas) as gw:
             b.health_status = 503
             _wait(lambda: not gw.gateway.registry.get("b").healthy)  # type: ignore[union-attr]
@@ -175,8 +213,14 @@ def test_unhealthy_replica_gets_no_traffic_until_it_recovers() -> None:
             # Concurrent slow requests: a load-aware router must use both replicas again.
             a.chunk_delay_s = b.chunk_delay_s = 0.05
             with ThreadPoolExecutor(4) as pool:
-                list(pool.map(lambda _: list(client.chat.completions.create(
-                    model="m", messages=MSG, stream=True)), range(4)))  # type: ignore[arg-type]
+                list(
+                    pool.map(
+                        lambda _: list(
+                            client.chat.completions.create(model="m", messages=MSG, stream=True)
+                        ),
+                        range(4),
+                    )
+                )  # type: ignore[arg-type]
             assert len(b.seen) > before
             states = {r["name"]: r["healthy"] for r in gw.replicas()}
             assert states == {"a": True, "b": True}

@@ -37,7 +37,9 @@ def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, Any]], 
         async def bounded() -> Any:
             async with asyncio.timeout(20):
                 return await coro
+
         return uvloop.run(bounded()) if request.param == "uvloop" else asyncio.run(bounded())
+
     return runner
 
 
@@ -101,10 +103,14 @@ class Server:
         self.eofs.append(time.monotonic())
 
 
-async def keepalive(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def keepalive(
+    srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     while (body := await srv.read_request(reader)) is not None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
 
 
 def reset(writer: asyncio.StreamWriter) -> None:
@@ -120,7 +126,9 @@ async def started(cfg: UpstreamConfig | None = None) -> UpstreamClient:
     return client
 
 
-async def post_all(client: UpstreamClient, url: str, body: bytes = b"{}", timeout: float = 2.0) -> bytes:
+async def post_all(
+    client: UpstreamClient, url: str, body: bytes = b"{}", timeout: float = 2.0
+) -> bytes:
     async with client.post(url, JSON, body, timeout) as resp:
         assert resp.status == 200
         return await resp.read_all()
@@ -148,16 +156,21 @@ def test_keepalive_reuses_one_connection_and_sends_a_lean_head(run: Any) -> None
             assert "Content-Type: application/json\r\n" in head
             assert "user-agent" not in head.lower() and "accept-encoding" not in head.lower()
             get = srv.heads[1].decode()
-            assert get.startswith("GET /health HTTP/1.1\r\n") and "content-length" not in get.lower()
+            assert (
+                get.startswith("GET /health HTTP/1.1\r\n") and "content-length" not in get.lower()
+            )
             assert "Authorization: Bearer k\r\n" in get
             with pytest.raises(ValueError):
                 await client.get(srv.url + "/health", 2.0, {"X-Evil": "a\r\nX-Injected: 1"})
             await client.close()
+
     run(main())
 
 
 def test_connection_close_is_respected(run: Any) -> None:
-    async def closing(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def closing(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
         await srv.wait_eof(reader)  # the server keeps its side open: the client must close
@@ -170,14 +183,20 @@ def test_connection_close_is_respected(run: Any) -> None:
             assert await post_all(client, srv.url) == b"{}"
             assert srv.connections == 2
             await client.close()
+
     run(main())
 
 
 def test_chunked_response_streams_incrementally_then_the_connection_is_reused(run: Any) -> None:
-    async def chunked(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def chunked(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while await srv.read_request(reader) is not None:
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         b"6\r\nfirst\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
+                b"chunked\r\n\r\n"
+                b"6\r\nfirst\n\r\n"
+            )
             await srv.event.wait()
             srv.event.clear()
             writer.write(b"7\r\nsecond\n\r\n")
@@ -199,13 +218,18 @@ def test_chunked_response_streams_incrementally_then_the_connection_is_reused(ru
                     assert await resp.read_chunk() == b""
             assert srv.connections == 1
             await client.close()
+
     run(main())
 
 
 def test_complete_body_only_once_all_of_it_arrived_then_the_connection_is_reused(run: Any) -> None:
-    async def split(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def split(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while await srv.read_request(reader) is not None:
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nhello")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nhello"
+            )
             await writer.drain()
             await srv.event.wait()
             srv.event.clear()
@@ -224,11 +248,14 @@ def test_complete_body_only_once_all_of_it_arrived_then_the_connection_is_reused
                     assert resp.complete_body() == b"" and await resp.read_chunk() == b""
             assert srv.connections == 1
             await client.close()
+
     run(main())
 
 
 def test_unframed_response_is_read_until_eof(run: Any) -> None:
-    async def unframed(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def unframed(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\npart one, ")
         await writer.drain()
@@ -244,11 +271,14 @@ def test_unframed_response_is_read_until_eof(run: Any) -> None:
             assert await post_all(client, srv.url) == b"part one, part two"
             assert srv.connections == 2
             await client.close()
+
     run(main())
 
 
 def test_idle_connection_closed_by_the_peer_is_never_handed_out(run: Any) -> None:
-    async def one_then_close(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def one_then_close(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(OK)  # keep-alive advertised, then closed anyway (like llama.cpp)
         await writer.drain()
@@ -261,6 +291,7 @@ def test_idle_connection_closed_by_the_peer_is_never_handed_out(run: Any) -> Non
                 await asyncio.sleep(0.05)  # the FIN reaches the idle pooled connection
             assert srv.connections == 3
             await client.close()
+
     run(main())
 
 
@@ -276,6 +307,7 @@ def test_connect_refused_is_never_reached(run: Any) -> None:
         with pytest.raises(UpstreamNeverReached):
             await post_all(client, "http://no-such-host.invalid:80")
         await client.close()
+
     run(main())
 
 
@@ -301,11 +333,14 @@ def test_reset_mid_body_raises_unavailable_from_read_chunk(run: Any) -> None:
                     assert not isinstance(info.value, UpstreamNeverReached)
             assert srv.connections == 2
             await client.close()
+
     run(main())
 
 
 def test_leaving_the_context_early_closes_the_upstream_socket_at_once(run: Any) -> None:
-    async def streams(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def streams(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
         await srv.wait_eof(reader)
@@ -319,11 +354,14 @@ def test_leaving_the_context_early_closes_the_upstream_socket_at_once(run: Any) 
             await until(lambda: len(srv.eofs) == 1, 2.0)
             assert srv.eofs[0] - left < 0.5
             await client.close()
+
     run(main())
 
 
 def test_cancel_while_waiting_for_the_head_closes_and_frees_the_slot(run: Any) -> None:
-    async def hangs_on_request(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def hangs_on_request(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while (body := await srv.read_request(reader)) is not None:
             if body == b"hang":
                 await srv.wait_eof(reader)
@@ -340,7 +378,8 @@ def test_cancel_while_waiting_for_the_head_closes_and_frees_the_slot(run: Any) -
                 await task
             await until(lambda: len(srv.eofs) == 1, 2.0)
             assert await post_all(client, srv.url, b"again", timeout=1.0) == b"again"
-            # a caller's timeout around the head (the proxy's first-byte timeout), on a reused connection
+            # a caller's timeout around the head (the proxy's first-byte timeout),
+            # on a reused connection
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.1):
                     await post_all(client, srv.url, b"hang")
@@ -348,6 +387,7 @@ def test_cancel_while_waiting_for_the_head_closes_and_frees_the_slot(run: Any) -
             assert await post_all(client, srv.url, b"once more", timeout=1.0) == b"once more"
             assert srv.connections == 3
             await client.close()
+
     run(main())
 
 
@@ -387,6 +427,7 @@ def test_connect_timeout_and_cancel_while_connecting_free_the_slot(run: Any) -> 
                     await task
                 assert await post_all(client, srv.url, b"ok", timeout=1.0) == b"ok"
             await client.close()
+
     run(main())
 
 
@@ -397,7 +438,9 @@ def test_connection_limit_queues_fifo_then_times_out_naming_the_limit(run: Any) 
             async with client.post(srv.url, JSON, b"held", 2.0) as held:
                 with pytest.raises(UpstreamNeverReached, match="max_connections=1"):
                     await post_all(client, srv.url, timeout=0.2)
-                waiters = [asyncio.create_task(post_all(client, srv.url, b"%d" % i)) for i in range(3)]
+                waiters = [
+                    asyncio.create_task(post_all(client, srv.url, b"%d" % i)) for i in range(3)
+                ]
                 await asyncio.sleep(0.05)
                 assert not any(w.done() for w in waiters)
                 assert await held.read_all() == b"held"
@@ -405,11 +448,14 @@ def test_connection_limit_queues_fifo_then_times_out_naming_the_limit(run: Any) 
             assert srv.connections == 1
             await client.close()
 
-            client = await started(UpstreamConfig(max_connections=10, max_connections_per_replica=1))
+            client = await started(
+                UpstreamConfig(max_connections=10, max_connections_per_replica=1)
+            )
             async with client.post(srv.url, JSON, b"held", 2.0):
                 with pytest.raises(UpstreamNeverReached, match="max_connections_per_replica=1"):
                     await post_all(client, srv.url, timeout=0.2)
             await client.close()
+
     run(main())
 
 
@@ -423,6 +469,7 @@ def test_read_all_limit(run: Any) -> None:
             async with client.post(srv.url, JSON, b"x" * 2000, 2.0) as resp:
                 assert len(await resp.read_all(2000)) == 2000
             await client.close()
+
     run(main())
 
 
@@ -437,6 +484,7 @@ def test_keepalive_expiry_closes_idle_connections(run: Any) -> None:
             assert await post_all(client, srv.url) == b"{}"
             assert srv.connections == 2
             await client.close()
+
     run(main())
 
 
@@ -444,7 +492,9 @@ def test_backpressure_keeps_the_client_buffer_bounded(run: Any) -> None:
     total = 64 * 1024 * 1024  # more than the kernel's socket buffers hold
     block = b"z" * 65536
 
-    async def firehose(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def firehose(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
         for _ in range(total // len(block)):
@@ -468,13 +518,16 @@ def test_backpressure_keeps_the_client_buffer_bounded(run: Any) -> None:
             assert got == total
             assert biggest <= HIGH_WATER + 512 * 1024
             await client.close()
+
     run(main())
 
 
 def test_reused_connection_reset_before_the_request_was_written_is_stale(run: Any) -> None:
     big = b"x" * (64 * 1024 * 1024)  # more than the loopback socket buffers hold
 
-    async def second_unread(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def second_unread(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(OK)
         await reader.readuntil(b"\r\n\r\n")  # the second request's head, its body left unread
@@ -488,13 +541,17 @@ def test_reused_connection_reset_before_the_request_was_written_is_stale(run: An
             with pytest.raises(UpstreamStaleConnection):
                 await post_all(client, srv.url, big)
             await client.close()
+
     run(main())
 
 
 @pytest.mark.parametrize("size", [10, 16 * 1024 * 1024])
-def test_reused_connection_reset_after_the_whole_request_was_written_is_unavailable(run: Any, size: int) -> None:
-    async def third_read_then_reset(srv: Server, reader: asyncio.StreamReader,
-                                    writer: asyncio.StreamWriter) -> None:
+def test_reused_connection_reset_after_the_whole_request_was_written_is_unavailable(
+    run: Any, size: int
+) -> None:
+    async def third_read_then_reset(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         for _ in range(2):
             await srv.read_request(reader)
             writer.write(OK)
@@ -513,11 +570,14 @@ def test_reused_connection_reset_after_the_whole_request_was_written_is_unavaila
                 await post_all(client, srv.url, body)
             assert not isinstance(info.value, UpstreamNeverReached)
             await client.close()
+
     run(main())
 
 
 def test_https_goes_through_tls(run: Any) -> None:
-    async def records(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def records(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         srv.heads.append(await reader.read(5))
 
     async def main() -> None:
@@ -527,15 +587,36 @@ def test_https_goes_through_tls(run: Any) -> None:
                 await post_all(client, srv.url.replace("http://", "https://"))
             assert srv.heads[0][:2] == b"\x16\x03"  # a TLS handshake record, not "POST "
             await client.close()
+
     run(main())
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 def test_https_round_trip_with_a_trusted_certificate(run: Any, tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
 
@@ -547,13 +628,18 @@ def test_https_round_trip_with_a_trusted_certificate(run: Any, tmp_path: Path) -
             client.pool._ssl = ssl.create_default_context(cafile=str(cert))
             assert await post_all(client, srv.url, b"secret") == b"secret"
             assert await post_all(client, srv.url, b"again") == b"again"
-            assert srv.connections == 1  # one kept-alive connection (the refused handshake never got here)
+            assert (
+                srv.connections == 1
+            )  # one kept-alive connection (the refused handshake never got here)
             await client.close()
+
     run(main())
 
 
 def test_close_fails_later_requests_and_breaks_live_ones(run: Any) -> None:
-    async def streams(srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def streams(
+        srv: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         await srv.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
         await srv.wait_eof(reader)
@@ -569,4 +655,5 @@ def test_close_fails_later_requests_and_breaks_live_ones(run: Any) -> None:
             await until(lambda: len(srv.eofs) == 1, 2.0)
             with pytest.raises(RuntimeError):
                 await post_all(client, srv.url)
+
     run(main())

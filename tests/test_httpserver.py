@@ -58,7 +58,9 @@ class Recorder:
         raise AssertionError(f"condition not met within {timeout}s; events: {self.events!r}")
 
 
-async def _lifespan(scope: Scope, receive: Receive, send: Send, rec: Recorder | None = None) -> None:
+async def _lifespan(
+    scope: Scope, receive: Receive, send: Send, rec: Recorder | None = None
+) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
@@ -99,20 +101,34 @@ def make_app(rec: Recorder) -> Any:
         finally:
             in_flight[0] -= 1
 
-    async def respond(send: Send, body: bytes, status: int = 200, headers: list[Any] | None = None) -> None:
-        hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": hdrs + (headers or [])})
+    async def respond(
+        send: Send, body: bytes, status: int = 200, headers: list[Any] | None = None
+    ) -> None:
+        hdrs = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send(
+            {"type": "http.response.start", "status": status, "headers": hdrs + (headers or [])}
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def route(path: str, scope: Scope, receive: Receive, send: Send) -> None:
         if path.startswith("/echo"):
             body = await _read_body(receive)
             info = {k: scope[k] for k in ("method", "path", "http_version", "scheme", "root_path")}
-            info.update(raw_path=scope["raw_path"].decode(), query=scope["query_string"].decode(),
-                        headers=[[n.decode(), v.decode()] for n, v in scope["headers"]],
-                        client=list(scope["client"]), server=list(scope["server"]), state=scope["state"],
-                        asgi=scope["asgi"], size=len(body), sha=hashlib.sha256(body).hexdigest(),
-                        concurrent=in_flight[0])
+            info.update(
+                raw_path=scope["raw_path"].decode(),
+                query=scope["query_string"].decode(),
+                headers=[[n.decode(), v.decode()] for n, v in scope["headers"]],
+                client=list(scope["client"]),
+                server=list(scope["server"]),
+                state=scope["state"],
+                asgi=scope["asgi"],
+                size=len(body),
+                sha=hashlib.sha256(body).hexdigest(),
+                concurrent=in_flight[0],
+            )
             await respond(send, json.dumps(info).encode())
         elif path == "/slow":
             rec.add(("slow-start", scope["query_string"]))
@@ -124,10 +140,17 @@ def make_app(rec: Recorder) -> Any:
             await send({"type": "http.response.body", "body": b"whole body"})
         elif path == "/stream":  # no content-length, several chunks: chunked
             n = int(scope["query_string"] or b"3")
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
             for i in range(n):
-                await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
+                await send(
+                    {"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True}
+                )
                 await asyncio.sleep(0.01)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         elif path == "/empty204":
@@ -144,10 +167,22 @@ def make_app(rec: Recorder) -> Any:
         elif path == "/no-response":
             return
         elif path == "/too-long":
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", b"2")],
+                }
+            )
             await send({"type": "http.response.body", "body": b"three"})
         elif path == "/bad-header":
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1\r\nx-evil: 1")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"x-a", b"1\r\nx-evil: 1")],
+                }
+            )
             await send({"type": "http.response.body", "body": b""})
         else:
             await respond(send, b'{"error":"not found"}', status=404)
@@ -158,7 +193,9 @@ def make_app(rec: Recorder) -> Any:
 @contextmanager
 def serve(app: Any, render_error: ErrorRenderer = json_error) -> Iterator[int]:
     port = free_port()
-    with BackgroundServers([Listener(app, "127.0.0.1", port, server="lean", render_error=render_error)]):
+    with BackgroundServers(
+        [Listener(app, "127.0.0.1", port, server="lean", render_error=render_error)]
+    ):
         yield port
 
 
@@ -248,7 +285,9 @@ class ResponseReader:
         while len(self.responses) < count and not self.closed:
             left = end - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"{count} responses not received in {timeout}s: {self.raw[:500]!r}")
+                raise AssertionError(
+                    f"{count} responses not received in {timeout}s: {self.raw[:500]!r}"
+                )
             self.sock.settimeout(left)
             data = self.sock.recv(65536)
             if not data:
@@ -276,8 +315,13 @@ class ResponseReader:
         return self.closed
 
 
-def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-            version: str = "1.1") -> bytes:
+def request(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    version: str = "1.1",
+) -> bytes:
     lines = [f"{method} {path} HTTP/{version}", "Host: test"]
     if body or method in ("POST", "PUT"):
         lines.append(f"Content-Length: {len(body)}")
@@ -301,9 +345,13 @@ def port(rec: Recorder) -> Iterator[int]:
 
 def test_scope_fields_and_keep_alive_reuse(port: int) -> None:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
-        infos = [client.post("/echo/a%20b/%C3%A9?x=1&y=%20", content=b"hello").json() for _ in range(3)]
+        infos = [
+            client.post("/echo/a%20b/%C3%A9?x=1&y=%20", content=b"hello").json() for _ in range(3)
+        ]
     first = infos[0]
-    assert first["method"] == "POST" and first["http_version"] == "1.1" and first["scheme"] == "http"
+    assert (
+        first["method"] == "POST" and first["http_version"] == "1.1" and first["scheme"] == "http"
+    )
     assert first["path"] == "/echo/a b/é" and first["raw_path"] == "/echo/a%20b/%C3%A9"
     assert first["query"] == "x=1&y=%20" and first["root_path"] == ""
     assert first["asgi"] == {"version": "3.0", "spec_version": "2.4"}
@@ -321,7 +369,11 @@ def test_response_has_date_and_no_server_header(port: int) -> None:
 
 def test_pipelined_requests_are_answered_in_order_one_at_a_time(port: int, rec: Recorder) -> None:
     with connect(port) as s:
-        s.sendall(request("GET", "/slow?0.3") + request("POST", "/echo", b"second") + request("GET", "/echo"))
+        s.sendall(
+            request("GET", "/slow?0.3")
+            + request("POST", "/echo", b"second")
+            + request("GET", "/echo")
+        )
         reader = ResponseReader(s)
         responses = reader.read(3)
     assert [r.status for r in responses] == [200, 200, 200]
@@ -343,8 +395,9 @@ def test_pipelining_depth_is_bounded(port: int) -> None:
 
 def test_chunked_request_body(port: int) -> None:
     with connect(port) as s:
-        s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-                  b"5\r\nhello\r\n")
+        s.sendall(
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+        )
         time.sleep(0.05)
         s.sendall(b"6\r\n world\r\n0\r\n\r\n")
         (r,) = ResponseReader(s).read(1)
@@ -353,7 +406,9 @@ def test_chunked_request_body(port: int) -> None:
 
 def test_expect_100_continue(port: int) -> None:
     with connect(port) as s:
-        s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        s.sendall(
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+        )
         s.settimeout(5)
         interim = s.recv(65536)
         assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -363,8 +418,13 @@ def test_expect_100_continue(port: int) -> None:
 
 
 def test_expect_100_continue_refused_without_reading_closes(port: int) -> None:
-    with connect(port) as s:  # the app answers 404 without reading: no 100, and the connection closes
-        s.sendall(b"POST /missing HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+    with connect(
+        port
+    ) as s:  # the app answers 404 without reading: no 100, and the connection closes
+        s.sendall(
+            b"POST /missing HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: "
+            b"100-continue\r\n\r\n"
+        )
         reader = ResponseReader(s)
         (r,) = reader.read(1)
         assert r.status == 404 and r.header("connection") == "close"
@@ -386,7 +446,9 @@ def test_content_length_chunked_and_computed_length(port: int) -> None:
         _, _, stream = reader.read(3)
     assert fixed.header("content-length") is not None and fixed.header("transfer-encoding") is None
     assert whole.body == b"whole body" and whole.header("content-length") == "10"
-    assert stream.header("transfer-encoding") == "chunked" and stream.header("content-length") is None
+    assert (
+        stream.header("transfer-encoding") == "chunked" and stream.header("content-length") is None
+    )
     assert stream.body == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\n"
     assert b"\r\n0\r\n\r\n" in reader.raw  # the last chunk
 
@@ -398,7 +460,13 @@ def test_stream_head_goes_out_before_the_first_chunk(rec: Recorder) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain")],
+            }
+        )
         await asyncio.wait_for(gate.wait(), 5)
         await send({"type": "http.response.body", "body": b"late", "more_body": False})
 
@@ -490,7 +558,9 @@ def test_large_request_body_is_read_with_bounded_buffering() -> None:
                 await asyncio.sleep(0.002)  # a slow reader for the first megabytes
         seen.update(total=total, peak=peak)
         body = digest.hexdigest().encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"64")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"64")]}
+        )
         await send({"type": "http.response.body", "body": body})
 
     payload = bytes(range(256)) * (size // 256)
@@ -551,7 +621,9 @@ def test_disconnect_during_a_long_response(rec: Recorder) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         try:
             for _ in range(2000):
-                await send({"type": "http.response.body", "body": b"data: x\n\n", "more_body": True})
+                await send(
+                    {"type": "http.response.body", "body": b"data: x\n\n", "more_body": True}
+                )
                 await asyncio.sleep(0.005)
         except OSError as exc:
             rec.add(("send", type(exc).__name__, time.monotonic()))
@@ -590,6 +662,7 @@ def test_disconnect_watch_extension(rec: Recorder) -> None:
     """`scope["extensions"][DISCONNECT_EXTENSION]`: the callback runs once when the client
     goes away mid-response, never after a completed response or once unwatched, and at once
     when the client is already gone."""
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(scope, receive, send)
@@ -608,7 +681,9 @@ def test_disconnect_watch_extension(rec: Recorder) -> None:
             watch(lambda: rec.add((path, "already gone")))
             rec.add((path, "done"))
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
         await send({"type": "http.response.body", "body": b"ok"})
         rec.add((path, "done"))
 
@@ -633,12 +708,15 @@ def test_disconnect_watch_extension(rec: Recorder) -> None:
 # --- bad input and app errors -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw", [
-    b"GARBAGE\r\n\r\n",
-    b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
-    b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
-    b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+        b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n",
+    ],
+)
 def test_malformed_request_gets_400_and_close(port: int, raw: bytes) -> None:
     with connect(port) as s:
         s.sendall(raw)
@@ -678,8 +756,10 @@ def test_oversized_headers_get_431(port: int) -> None:
 
 
 def test_upgrade_requests_are_served_as_plain_http_then_closed(port: int) -> None:
-    for extra in ({"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Key": "x"},
-                  {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": ""}):
+    for extra in (
+        {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Key": "x"},
+        {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": ""},
+    ):
         with connect(port) as s:
             s.sendall(request("GET", "/echo", headers=extra))
             reader = ResponseReader(s)
@@ -692,9 +772,14 @@ def test_app_errors(port: int, caplog: pytest.LogCaptureFixture) -> None:
         s.sendall(request("GET", "/boom"))
         reader = ResponseReader(s)
         (r,) = reader.read(1)
-        assert r.status == 500 and r.json()["error"]["type"] == "server_error" and reader.wait_closed()
-    assert any("boom before the response" in (rec.exc_text or "") for rec in caplog.records
-               if rec.name == "gateway.http.server")
+        assert (
+            r.status == 500 and r.json()["error"]["type"] == "server_error" and reader.wait_closed()
+        )
+    assert any(
+        "boom before the response" in (rec.exc_text or "")
+        for rec in caplog.records
+        if rec.name == "gateway.http.server"
+    )
     for path in ("/boom-after", "/too-long"):  # after the head went out: the connection closes
         with connect(port) as s:
             s.sendall(request("GET", path))
@@ -716,8 +801,11 @@ def test_app_errors(port: int, caplog: pytest.LogCaptureFixture) -> None:
 # --- the server's own error answers: the OpenAI shape, from the injected renderer -----------------
 
 _MALFORMED = b"GARBAGE\r\n\r\n"
-_HUGE_HEAD = ("GET /echo HTTP/1.1\r\nHost: t\r\n"
-              + "".join(f"X-Filler-{i}: {'v' * 100}\r\n" for i in range(700)) + "\r\n").encode()
+_HUGE_HEAD = (
+    "GET /echo HTTP/1.1\r\nHost: t\r\n"
+    + "".join(f"X-Filler-{i}: {'v' * 100}\r\n" for i in range(700))
+    + "\r\n"
+).encode()
 _CRASH = request("GET", "/boom")
 
 
@@ -733,13 +821,17 @@ def _server_error(port: int, raw: bytes) -> Response:
         return r
 
 
-@pytest.mark.parametrize(("raw", "status", "kind", "code"), [
-    (_MALFORMED, 400, "invalid_request_error", "malformed_request"),
-    (_HUGE_HEAD, 431, "invalid_request_error", "request_headers_too_large"),
-    (_CRASH, 500, "server_error", "internal_error"),
-])
-def test_server_errors_have_the_full_openai_shape(port: int, raw: bytes, status: int, kind: str,
-                                                  code: str) -> None:
+@pytest.mark.parametrize(
+    ("raw", "status", "kind", "code"),
+    [
+        (_MALFORMED, 400, "invalid_request_error", "malformed_request"),
+        (_HUGE_HEAD, 431, "invalid_request_error", "request_headers_too_large"),
+        (_CRASH, 500, "server_error", "internal_error"),
+    ],
+)
+def test_server_errors_have_the_full_openai_shape(
+    port: int, raw: bytes, status: int, kind: str, code: str
+) -> None:
     r = _server_error(port, raw)
     error = r.json()["error"]
     assert r.status == status and set(r.json()) == {"error"}
@@ -747,13 +839,17 @@ def test_server_errors_have_the_full_openai_shape(port: int, raw: bytes, status:
     assert (error["type"], error["param"], error["code"]) == (kind, None, code) and error["message"]
 
 
-@pytest.mark.parametrize(("raw", "status", "kind", "reason", "retry"), [
-    (_MALFORMED, 400, "invalid_request_error", "bad_request", "false"),
-    (_HUGE_HEAD, 431, "invalid_request_error", "headers_too_large", "false"),
-    (_CRASH, 500, "server_error", "internal_error", None),
-])
-def test_the_gateway_renderer_adds_its_error_headers(rec: Recorder, raw: bytes, status: int, kind: str,
-                                                      reason: str, retry: str | None) -> None:
+@pytest.mark.parametrize(
+    ("raw", "status", "kind", "reason", "retry"),
+    [
+        (_MALFORMED, 400, "invalid_request_error", "bad_request", "false"),
+        (_HUGE_HEAD, 431, "invalid_request_error", "headers_too_large", "false"),
+        (_CRASH, 500, "server_error", "internal_error", None),
+    ],
+)
+def test_the_gateway_renderer_adds_its_error_headers(
+    rec: Recorder, raw: bytes, status: int, kind: str, reason: str, retry: str | None
+) -> None:
     with serve(make_app(rec), render_error=render_server_error) as port:
         r = _server_error(port, raw)
     error = r.json()["error"]
@@ -791,7 +887,11 @@ def test_idle_keep_alive_connection_is_closed() -> None:
 
 def test_graceful_shutdown_lets_in_flight_requests_finish(rec: Recorder) -> None:
     app = make_app(rec)
-    with serve_lean(app, graceful_timeout=2.0) as (port, server), connect(port) as s, connect(port) as idle:
+    with (
+        serve_lean(app, graceful_timeout=2.0) as (port, server),
+        connect(port) as s,
+        connect(port) as idle,
+    ):
         s.sendall(request("GET", "/slow?0.5"))
         rec.wait_for(lambda ev: ("slow-start", b"0.5") in ev)
         server.should_exit = True
@@ -841,37 +941,81 @@ def test_httpx_streaming_and_openai_sdk() -> None:
             return
         body = json.loads(await _read_body(receive))
         if body.get("stream"):
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
             for word in ("Hel", "lo"):
-                chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                         "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
-                await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
-                            "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                chunk = {
+                    "id": "c1",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": "m",
+                    "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": f"data: {json.dumps(chunk)}\n\n".encode(),
+                        "more_body": True,
+                    }
+                )
+            await send(
+                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
+            )
             return
-        answer = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
-                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
-                               "finish_reason": "stop"}],
-                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        answer = {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Hello"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
         data = json.dumps(answer).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(data)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
     import openai
 
     with serve(app) as port:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=10)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=10
+        )
         for _ in range(3):
-            done = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            done = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
             assert done.choices[0].message.content == "Hello"
-            stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                                    stream=True)
+            stream = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
             assert "".join(c.choices[0].delta.content or "" for c in stream) == "Hello"
         client.close()
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json={"stream": True},
-                          timeout=10) as resp:
+        with httpx.stream(
+            "POST",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"stream": True},
+            timeout=10,
+        ) as resp:
             assert resp.headers["transfer-encoding"] == "chunked"
             assert b"".join(resp.iter_bytes()).endswith(b"data: [DONE]\n\n")
 
@@ -881,13 +1025,16 @@ def test_finished_exchanges_leave_no_cyclic_garbage() -> None:
     exchange) and its task are freed by reference counting when the response is done:
     a reference cycle per request would leave ~15 objects each for the cyclic GC, whose
     collections then cost more the more requests are in flight."""
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(scope, receive, send)
             return
         unwatch = scope["extensions"][DISCONNECT_EXTENSION](lambda: None)
         await _read_body(receive)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
         await send({"type": "http.response.body", "body": b"ok"})
         unwatch()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.admission.livestate import ReplicaLive
 from gateway.config.schema import AdmissionConfig
 from gateway.engines.readings import EngineReading
-from gateway.admission.livestate import ReplicaLive
 
 readings = st.builds(
     EngineReading,
@@ -19,18 +19,25 @@ readings = st.builds(
     prompt_tokens_total=st.one_of(st.none(), st.floats(0, 1e9)),
     generation_tokens_total=st.one_of(st.none(), st.floats(0, 1e9)),
 )
-ops = st.lists(st.one_of(
-    st.tuples(st.just("read"), readings, st.floats(0, 5)),
-    st.tuples(st.just("fail"), st.none(), st.floats(0, 5)),
-    st.tuples(st.just("ledger"), st.tuples(st.integers(0, 10**6), st.integers(0, 10**5), st.integers(0, 64)),
-              st.floats(0, 5)),
-), max_size=40)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("read"), readings, st.floats(0, 5)),
+        st.tuples(st.just("fail"), st.none(), st.floats(0, 5)),
+        st.tuples(
+            st.just("ledger"),
+            st.tuples(st.integers(0, 10**6), st.integers(0, 10**5), st.integers(0, 64)),
+            st.floats(0, 5),
+        ),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(ops=ops, capacity=st.one_of(st.none(), st.integers(1, 10**6)))
-def test_ledger_change_snapshot_equals_full_rebuild(ops: list[tuple[str, object, float]],
-                                                    capacity: int | None) -> None:
+def test_ledger_change_snapshot_equals_full_rebuild(
+    ops: list[tuple[str, object, float]], capacity: int | None
+) -> None:
     live = ReplicaLive(AdmissionConfig(stale_after_s=2.0), capacity)
     now = 1000.0
     for kind, arg, dt in ops:

@@ -22,12 +22,19 @@ from gateway.http.exchange import DISCONNECT_EXTENSION
 from gateway.http.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-BODY = b'{"stream": true, "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}'
+BODY = (
+    b'{"stream": true, "model": "m", "max_tokens": 8, '
+    b'"messages": [{"role": "user", "content": "hi"}]}'
+)
 
 
 def _upstream(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "bench.zero_upstream", "--port", str(port), "--chunks", "20"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.zero_upstream", "--port", str(port), "--chunks", "20"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -41,18 +48,28 @@ def _upstream(port: int) -> subprocess.Popen[bytes]:
 
 
 def _scope() -> dict[str, Any]:
-    return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": ("127.0.0.1", 1),
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())],
-            "extensions": {DISCONNECT_EXTENSION: lambda callback: (lambda: None)}}
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "client": ("127.0.0.1", 1),
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(BODY)).encode()),
+        ],
+        "extensions": {DISCONNECT_EXTENSION: lambda callback: lambda: None},
+    }
 
 
 def test_a_request_failed_mid_stream_leaves_no_cyclic_garbage() -> None:
     port = free_port()
     upstream = _upstream(port)
     try:
-        cfg = GatewayConfig(replicas=(ReplicaConfig(url=f"http://127.0.0.1:{port}", kind="vllm"),),
-                            health=HealthConfig(interval_s=600),
-                            admission=AdmissionConfig(poll_interval_s=600, stale_after_s=100_000))
+        cfg = GatewayConfig(
+            replicas=(ReplicaConfig(url=f"http://127.0.0.1:{port}", kind="vllm"),),
+            health=HealthConfig(interval_s=600),
+            admission=AdmissionConfig(poll_interval_s=600, stale_after_s=100_000),
+        )
         gw = create_app(cfg)
 
         async def one() -> None:
@@ -79,11 +96,17 @@ def test_a_request_failed_mid_stream_leaves_no_cyclic_garbage() -> None:
                     gc.enable()
 
         n = 50
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the loop `gateway serve` runs on
+        with asyncio.Runner(
+            loop_factory=uvloop.new_event_loop
+        ) as runner:  # the loop `gateway serve` runs on
             unreachable = runner.run(main())
-        cancelled = gw.metrics.registry.get_sample_value("gateway_cancellations_total", {"stage": "streaming"})
+        cancelled = gw.metrics.registry.get_sample_value(
+            "gateway_cancellations_total", {"stage": "streaming"}
+        )
     finally:
         upstream.kill()
         upstream.wait()
-    assert cancelled is not None and cancelled >= n, f"the requests did not fail mid-stream: {cancelled}"
+    assert cancelled is not None and cancelled >= n, (
+        f"the requests did not fail mid-stream: {cancelled}"
+    )
     assert unreachable < n, f"{unreachable} objects in reference cycles after {n} failed requests"

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config.schema import AuthConfig
 from gateway.config.decode import ConfigError
+from gateway.config.schema import AuthConfig
 from gateway.policy.policyset import DEFAULT_POLICY, load_policy_set
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,19 +43,38 @@ def test_shipped_policies_are_valid_and_complete() -> None:
     assert policies.get("batch").priority == "batch"  # type: ignore[union-attr]
     assert "agent-coder" in policies.by_alias
     readme = (REPO / "policies" / "README.md").read_text()
-    for key in ("max_input_tokens", "max_output_tokens", "default_output_tokens", "on_excess", "priority",
-                "default_s", "max_s", "max_requests", "max_total_tokens", "max_duration_s", "idle_ttl_s",
-                "tokens", "isolation", "match", "model", "timeouts", "output_reservation"):
+    for key in (
+        "max_input_tokens",
+        "max_output_tokens",
+        "default_output_tokens",
+        "on_excess",
+        "priority",
+        "default_s",
+        "max_s",
+        "max_requests",
+        "max_total_tokens",
+        "max_duration_s",
+        "idle_ttl_s",
+        "tokens",
+        "isolation",
+        "match",
+        "model",
+        "timeouts",
+        "output_reservation",
+    ):
         assert re.search(rf"`([a-z_]+\.)?{key}`", readme), key
 
 
 def test_strict_schema_errors_name_file_and_key(tmp_path: Path) -> None:
-    write(tmp_path, **{
-        "a.yaml": "name: a\nlimits: {max_output: 3}\n",
-        "b.yaml": "name: b\nlimits: {max_output_tokens: 10, default_output_tokens: 20}\n",
-        "c.yaml": "name: c\npriority: urgent\n",
-        "d.yaml": "- name: d\n  tokens: magic\n- name: e\n  match: {models: [x]}\n",
-    })
+    write(
+        tmp_path,
+        **{
+            "a.yaml": "name: a\nlimits: {max_output: 3}\n",
+            "b.yaml": "name: b\nlimits: {max_output_tokens: 10, default_output_tokens: 20}\n",
+            "c.yaml": "name: c\npriority: urgent\n",
+            "d.yaml": "- name: d\n  tokens: magic\n- name: e\n  match: {models: [x]}\n",
+        },
+    )
     found = "\n".join(problems(tmp_path))
     assert "a.yaml.limits.max_output: unknown key" in found
     assert "default_output_tokens (20) exceeds max_output_tokens (10)" in found
@@ -65,10 +84,13 @@ def test_strict_schema_errors_name_file_and_key(tmp_path: Path) -> None:
 
 
 def test_duplicates_and_dangling_tenant_references(tmp_path: Path) -> None:
-    write(tmp_path, **{
-        "a.yaml": "name: a\nmatch: {tasks: [x], models: [m]}\nmodel: real\n",
-        "b.yaml": "name: b\nmatch: {tasks: [x], models: [m]}\nmodel: real\nisolation: tenant\n",
-    })
+    write(
+        tmp_path,
+        **{
+            "a.yaml": "name: a\nmatch: {tasks: [x], models: [m]}\nmodel: real\n",
+            "b.yaml": "name: b\nmatch: {tasks: [x], models: [m]}\nmodel: real\nisolation: tenant\n",
+        },
+    )
     found = "\n".join(problems(tmp_path))
     assert "X-Task value 'x' is already used by policy 'a'" in found
     assert "model alias 'm' is already used by policy 'a'" in found
@@ -79,8 +101,14 @@ def test_auth_references_checked(tmp_path: Path) -> None:
     key = {"tenant": "t", "sha256": hashlib.sha256(b"k").hexdigest()}
     from gateway.config.decode import decode
 
-    auth = decode(AuthConfig, {"enabled": True, "keys": [key],
-                               "tenants": {"t": {"default_task": "nope", "allowed_tasks": ["nope", "a"]}}})
+    auth = decode(
+        AuthConfig,
+        {
+            "enabled": True,
+            "keys": [key],
+            "tenants": {"t": {"default_task": "nope", "allowed_tasks": ["nope", "a"]}},
+        },
+    )
     found = "\n".join(problems(tmp_path, auth))
     assert "auth.tenants.t.default_task: no policy named 'nope'" in found
     assert "auth.tenants.t.allowed_tasks: no policy named 'nope'" in found
@@ -96,9 +124,15 @@ def test_builtin_default_when_none_is_defined(tmp_path: Path) -> None:
 
 
 def _check(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", "check-config", str(config)],
-                          check=False, capture_output=True,
-                          text=True, timeout=60, cwd=REPO, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(config)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, **env},
+    )
 
 
 def test_check_config_validates_and_prints_policies_with_secrets_masked(tmp_path: Path) -> None:
@@ -109,7 +143,9 @@ def test_check_config_validates_and_prints_policies_with_secrets_masked(tmp_path
     cfg.write_text(
         "replicas: [{url: 'http://127.0.0.1:8000'}]\npolicies: pol\n"
         "auth:\n  enabled: true\n  isolation_secret: ${SECRET}\n"
-        "  keys: [{tenant: t, key: '${CLIENT_KEY}'}]\n  tenants: {t: {default_task: a, requests_per_min: 5}}\n")
+        "  keys: [{tenant: t, key: '${CLIENT_KEY}'}]\n  tenants: "
+        "{t: {default_task: a, requests_per_min: 5}}\n"
+    )
     env = {"SECRET": "s3cr3t-isolation-value", "CLIENT_KEY": "sk-very-private-key"}
     ok = _check(cfg, env)
     assert ok.returncode == 0, ok.stderr
@@ -130,9 +166,25 @@ def test_sighup_reloads_policies_in_serve(tmp_path: Path) -> None:
     port, admin = free_port(), free_port()
     with SimCluster.start(1, speed=50) as sim:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--replica", sim.urls[0], "--port", str(port),
-             "--admin-port", str(admin), "--policies", str(tmp_path)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--replica",
+                sim.urls[0],
+                "--port",
+                str(port),
+                "--admin-port",
+                str(admin),
+                "--policies",
+                str(tmp_path),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             names = _wait_policies(admin, lambda n: "a" in n)
             assert "b" not in names
@@ -142,7 +194,11 @@ def test_sighup_reloads_policies_in_serve(tmp_path: Path) -> None:
             write(tmp_path, **{"c.yaml": "name: c\nbogus: 1\n"})
             proc.send_signal(signal.SIGHUP)
             time.sleep(0.5)
-            assert _wait_policies(admin, lambda n: True) == ["a", "b", "default"]  # refused, old set kept
+            assert _wait_policies(admin, lambda n: True) == [
+                "a",
+                "b",
+                "default",
+            ]  # refused, old set kept
             assert proc.poll() is None
         finally:
             proc.terminate()

@@ -73,12 +73,16 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gw(sim: SimCluster, policy_dir: Path) -> Iterator[RunningGateway]:
     auth = AuthConfig(
         enabled=True,
-        keys=(ApiKeyConfig(tenant="alice", key=KEYS["alice"]),
-              ApiKeyConfig(tenant="bob", sha256=hashlib.sha256(KEYS["bob"].encode()).hexdigest()),
-              ApiKeyConfig(tenant="carol", key=KEYS["carol"])),
-        tenants={"alice": TenantConfig(),
-                 "bob": TenantConfig(allowed_tasks=("chat",), default_task="chat"),
-                 "carol": TenantConfig(requests_per_min=2)},
+        keys=(
+            ApiKeyConfig(tenant="alice", key=KEYS["alice"]),
+            ApiKeyConfig(tenant="bob", sha256=hashlib.sha256(KEYS["bob"].encode()).hexdigest()),
+            ApiKeyConfig(tenant="carol", key=KEYS["carol"]),
+        ),
+        tenants={
+            "alice": TenantConfig(),
+            "bob": TenantConfig(allowed_tasks=("chat",), default_task="chat"),
+            "carol": TenantConfig(requests_per_min=2),
+        },
         isolation_secret=SECRET,
     )
     with running_gateway(sim.urls, policies=str(policy_dir), auth=auth) as running:
@@ -118,7 +122,8 @@ MSG = [{"role": "user", "content": "Say something short about the sea."}]
 
 def test_default_output_injected_upstream(gw: RunningGateway, sim: SimCluster) -> None:
     raw = client(gw).chat.completions.with_raw_response.create(
-        model="sim-model", messages=MSG, extra_headers={"X-Task": "chat"})
+        model="sim-model", messages=MSG, extra_headers={"X-Task": "chat"}
+    )
     assert raw.headers["x-gateway-task"] == "chat"
     assert raw.headers["x-gateway-output-limit"] == "24"
     body = last_upstream(sim)["body"]
@@ -128,7 +133,8 @@ def test_default_output_injected_upstream(gw: RunningGateway, sim: SimCluster) -
 
 def test_output_clamped_and_reported(gw: RunningGateway, sim: SimCluster) -> None:
     raw = client(gw).chat.completions.with_raw_response.create(
-        model="sim-model", messages=MSG, max_completion_tokens=500, extra_headers={"X-Task": "talk"})
+        model="sim-model", messages=MSG, max_completion_tokens=500, extra_headers={"X-Task": "talk"}
+    )
     assert raw.headers["x-gateway-output-limit"] == "64"
     assert raw.headers["x-gateway-output-clamped-from"] == "500"
     body = last_upstream(sim)["body"]
@@ -138,18 +144,23 @@ def test_output_clamped_and_reported(gw: RunningGateway, sim: SimCluster) -> Non
 def test_output_over_limit_rejected_per_policy(gw: RunningGateway, sim: SimCluster) -> None:
     before = upstream_count(sim)
     with pytest.raises(openai.BadRequestError) as exc:
-        client(gw).chat.completions.create(model="sim-model", messages=MSG, max_tokens=100,
-                                           extra_headers={"X-Task": "extract"})
+        client(gw).chat.completions.create(
+            model="sim-model", messages=MSG, max_tokens=100, extra_headers={"X-Task": "extract"}
+        )
     assert exc.value.code == "output_limit_exceeded"
     assert exc.value.param == "max_tokens"
     assert upstream_count(sim) == before
 
 
-def test_input_over_task_limit_is_context_length_exceeded(gw: RunningGateway, sim: SimCluster) -> None:
+def test_input_over_task_limit_is_context_length_exceeded(
+    gw: RunningGateway, sim: SimCluster
+) -> None:
     before = upstream_count(sim)
     long = [{"role": "user", "content": "word " * 1000}]
     with pytest.raises(openai.BadRequestError) as exc:
-        client(gw).chat.completions.create(model="sim-model", messages=long, extra_headers={"X-Task": "chat"})
+        client(gw).chat.completions.create(
+            model="sim-model", messages=long, extra_headers={"X-Task": "chat"}
+        )
     assert exc.value.code == "context_length_exceeded"
     assert exc.value.param == "messages"
     assert "400-token input limit" in exc.value.message
@@ -160,8 +171,9 @@ def test_input_over_task_limit_is_context_length_exceeded(gw: RunningGateway, si
 def test_input_plus_output_over_max_model_len(gw: RunningGateway, sim: SimCluster) -> None:
     before = upstream_count(sim)
     with pytest.raises(openai.BadRequestError) as exc:
-        client(gw).chat.completions.create(model="sim-model", messages=MSG, max_tokens=2040,
-                                           extra_headers={"X-Task": "agent"})
+        client(gw).chat.completions.create(
+            model="sim-model", messages=MSG, max_tokens=2040, extra_headers={"X-Task": "agent"}
+        )
     assert exc.value.code == "context_length_exceeded"
     assert exc.value.param == "max_tokens"
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in exc.value.message
@@ -169,9 +181,13 @@ def test_input_plus_output_over_max_model_len(gw: RunningGateway, sim: SimCluste
 
 
 def test_engine_token_count_matches_replica(gw: RunningGateway, sim: SimCluster) -> None:
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count me exactly."}]
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Count me exactly."},
+    ]
     raw = client(gw).chat.completions.with_raw_response.create(
-        model="sim-model", messages=messages, extra_headers={"X-Task": "agent"})
+        model="sim-model", messages=messages, extra_headers={"X-Task": "agent"}
+    )
     expected = len(tokenize(render_chat(messages)))
     assert raw.headers["x-gateway-input-tokens"] == str(expected)
     assert last_upstream(sim)["prompt_tokens"] == expected
@@ -179,7 +195,9 @@ def test_engine_token_count_matches_replica(gw: RunningGateway, sim: SimCluster)
 
 def test_unknown_task_lists_known_tasks(gw: RunningGateway) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
-        client(gw).chat.completions.create(model="sim-model", messages=MSG, extra_headers={"X-Task": "poetry"})
+        client(gw).chat.completions.create(
+            model="sim-model", messages=MSG, extra_headers={"X-Task": "poetry"}
+        )
     assert exc.value.code == "unknown_task"
     for task in ("agent", "chat", "default", "extract", "talk"):
         assert task in exc.value.message
@@ -192,8 +210,9 @@ def test_model_alias_rewritten_upstream(gw: RunningGateway, sim: SimCluster) -> 
 
 
 def test_isolation_salt_replaces_client_salt(gw: RunningGateway, sim: SimCluster) -> None:
-    client(gw, "alice").chat.completions.create(model="chat-alias", messages=MSG,
-                                                extra_body={"cache_salt": "copied-from-someone"})
+    client(gw, "alice").chat.completions.create(
+        model="chat-alias", messages=MSG, extra_body={"cache_salt": "copied-from-someone"}
+    )
     alice_salt = last_upstream(sim)["body"]["cache_salt"]
     client(gw, "bob").chat.completions.create(model="chat-alias", messages=MSG)
     bob_salt = last_upstream(sim)["body"]["cache_salt"]
@@ -206,17 +225,22 @@ def test_missing_and_invalid_keys_are_401(gw: RunningGateway) -> None:
     with gw.openai(api_key="sk-not-a-key") as bad, pytest.raises(openai.AuthenticationError) as exc:
         bad.chat.completions.create(model="sim-model", messages=MSG)
     assert exc.value.code == "invalid_api_key"
-    r = httpx.post(gw.base_url + "/chat/completions", json={"model": "sim-model", "messages": MSG}, timeout=10)
+    r = httpx.post(
+        gw.base_url + "/chat/completions", json={"model": "sim-model", "messages": MSG}, timeout=10
+    )
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "missing_api_key"
 
 
 def test_task_not_allowed_is_403_and_tenant_default_task_applies(gw: RunningGateway) -> None:
-    raw = client(gw, "bob").chat.completions.with_raw_response.create(model="sim-model", messages=MSG)
+    raw = client(gw, "bob").chat.completions.with_raw_response.create(
+        model="sim-model", messages=MSG
+    )
     assert raw.headers["x-gateway-task"] == "chat"
     with pytest.raises(openai.PermissionDeniedError) as exc:
-        client(gw, "bob").chat.completions.create(model="sim-model", messages=MSG,
-                                                  extra_headers={"X-Task": "agent"})
+        client(gw, "bob").chat.completions.create(
+            model="sim-model", messages=MSG, extra_headers={"X-Task": "agent"}
+        )
     assert exc.value.code == "task_not_allowed"
 
 
@@ -242,22 +266,30 @@ def test_tenant_requests_per_minute(gw: RunningGateway) -> None:
 def test_reload_success_and_refusal(gw: RunningGateway, policy_dir: Path) -> None:
     c = client(gw)
     with pytest.raises(openai.BadRequestError):
-        c.chat.completions.create(model="sim-model", messages=MSG, extra_headers={"X-Task": "fresh"})
-    write_policies(policy_dir, {**POLICIES, "fresh.yaml": "name: fresh\nlimits: {default_output_tokens: 5}\n"})
+        c.chat.completions.create(
+            model="sim-model", messages=MSG, extra_headers={"X-Task": "fresh"}
+        )
+    write_policies(
+        policy_dir, {**POLICIES, "fresh.yaml": "name: fresh\nlimits: {default_output_tokens: 5}\n"}
+    )
     try:
         r = httpx.post(gw.admin_url + "/admin/policies/reload", timeout=10)
         assert r.status_code == 200 and "fresh" in r.json()["policies"]
-        raw = c.chat.completions.with_raw_response.create(model="sim-model", messages=MSG,
-                                                          extra_headers={"X-Task": "fresh"})
+        raw = c.chat.completions.with_raw_response.create(
+            model="sim-model", messages=MSG, extra_headers={"X-Task": "fresh"}
+        )
         assert raw.headers["x-gateway-output-limit"] == "5"
-        write_policies(policy_dir, {**POLICIES, "broken.yaml": "name: broken\nlimits: {max_output: 3}\n"})
+        write_policies(
+            policy_dir, {**POLICIES, "broken.yaml": "name: broken\nlimits: {max_output: 3}\n"}
+        )
         r = httpx.post(gw.admin_url + "/admin/policies/reload", timeout=10)
         assert r.status_code == 400
         assert r.json()["status"] == "refused"
         assert any("broken.yaml.limits.max_output: unknown key" in e for e in r.json()["errors"])
         # The previous set (with `fresh`) keeps serving.
-        raw = c.chat.completions.with_raw_response.create(model="sim-model", messages=MSG,
-                                                          extra_headers={"X-Task": "fresh"})
+        raw = c.chat.completions.with_raw_response.create(
+            model="sim-model", messages=MSG, extra_headers={"X-Task": "fresh"}
+        )
         assert raw.headers["x-gateway-output-limit"] == "5"
     finally:
         write_policies(policy_dir, POLICIES)

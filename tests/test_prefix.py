@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.scheduling.prefix import PrefixIndex, chain_hashes, prefix_blocks, render, seed_of
 from gateway.ingress.protocol import parse_request, prompt_parts
+from gateway.scheduling.prefix import PrefixIndex, chain_hashes, prefix_blocks, render, seed_of
 
 BS = 16
 texts = st.text(min_size=0, max_size=300)
@@ -27,8 +27,10 @@ def test_hashing_is_stable_across_calls_and_matches_known_value() -> None:
     assert len(a.hashes) == a.prompt_bytes // BS
     # Pinned value: changing the rendering or the chaining changes routing across gateways.
     assert chain_hashes(b"x" * 32, 16, 0) == chain_hashes(b"x" * 32, 16, 0)
-    assert chain_hashes(b"abcdefghijklmnop", 16, seed_of("m", None))[0] == chain_hashes(
-        b"abcdefghijklmnop", 16, seed_of("m", ""))[0]
+    assert (
+        chain_hashes(b"abcdefghijklmnop", 16, seed_of("m", None))[0]
+        == chain_hashes(b"abcdefghijklmnop", 16, seed_of("m", ""))[0]
+    )
 
 
 @given(texts, texts)
@@ -51,7 +53,10 @@ def test_different_first_block_changes_every_hash(x: str, y: str) -> None:
         assert not set(a) & set(b)
 
 
-@given(st.text(min_size=BS * 2, max_size=200), st.sampled_from([("m", None), ("m", "salt-a"), ("other", None)]))
+@given(
+    st.text(min_size=BS * 2, max_size=200),
+    st.sampled_from([("m", None), ("m", "salt-a"), ("other", None)]),
+)
 def test_seed_separates_model_and_salt(text: str, seed_args: tuple[str, str | None]) -> None:
     base = chain_hashes(render([text]), BS, seed_of("m", "salt-b"))
     other = chain_hashes(render([text]), BS, seed_of(*seed_args))
@@ -65,10 +70,16 @@ def test_canonical_rendering_covers_tools_roles_and_parts() -> None:
 
     user = b'{"model":"m","messages":[{"role":"user","content":"' + b"q" * 64 + b'"}]}'
     system = b'{"model":"m","messages":[{"role":"system","content":"' + b"q" * 64 + b'"}]}'
-    parts = (b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"'
-             + b"q" * 64 + b'"}]}]}')
-    tools = (b'{"model":"m","tools":[{"type":"function"}],"messages":[{"role":"user","content":"'
-             + b"q" * 64 + b'"}]}')
+    parts = (
+        b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"'
+        + b"q" * 64
+        + b'"}]}]}'
+    )
+    tools = (
+        b'{"model":"m","tools":[{"type":"function"}],"messages":[{"role":"user","content":"'
+        + b"q" * 64
+        + b'"}]}'
+    )
     assert blocks(user) == blocks(parts)
     assert blocks(user) != blocks(system)
     assert blocks(user)[0] != blocks(tools)[0]
@@ -91,7 +102,7 @@ def test_index_finds_longest_prefix_and_expires() -> None:
 def test_index_is_bounded_and_evicts_tails_first() -> None:
     clock = FakeClock()
     index = PrefixIndex(8, ttl_s=600, clock=clock)
-    first = chain_hashes(b"a" * 96, BS, 1)   # 6 blocks
+    first = chain_hashes(b"a" * 96, BS, 1)  # 6 blocks
     second = chain_hashes(b"b" * 96, BS, 1)  # 6 blocks
     index.insert(first)
     index.insert(second)
@@ -103,9 +114,13 @@ def test_index_is_bounded_and_evicts_tails_first() -> None:
     assert index.matched_blocks(long_chain) == 8
 
 
-@given(st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=30), st.integers(4, 40))
+@given(
+    st.lists(st.integers(min_value=1, max_value=12), min_size=1, max_size=30), st.integers(4, 40)
+)
 @settings(max_examples=100)
-def test_index_never_exceeds_capacity_and_match_is_prefix_of_insert(lengths: list[int], cap: int) -> None:
+def test_index_never_exceeds_capacity_and_match_is_prefix_of_insert(
+    lengths: list[int], cap: int
+) -> None:
     clock = FakeClock()
     index = PrefixIndex(cap, ttl_s=600, clock=clock)
     chains = [chain_hashes(bytes([i % 250]) * (n * BS), BS, i) for i, n in enumerate(lengths)]

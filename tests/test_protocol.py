@@ -11,33 +11,42 @@ from gateway.ingress.protocol import canonical_json, parse_request, prompt_parts
 
 
 def test_chat_request_is_normalised() -> None:
-    req = parse_request("chat", b'{"model":"m","messages":[{"role":"user","content":"hi"}],'
-                                b'"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":9}')
+    req = parse_request(
+        "chat",
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],'
+        b'"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":9}',
+    )
     assert (req.model, req.stream, req.client_wants_usage) == ("m", True, True)
     assert (req.requested_output, req.output_field) == (9, "max_completion_tokens")
 
 
-@pytest.mark.parametrize(("raw", "fragment"), [
-    (b"", "empty"),
-    (b"{not json", "not valid JSON"),
-    (b"[1, 2]", "must be a JSON object, got list"),
-    (b"\xff\xfe", "not valid"),
-])
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"", "empty"),
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object, got list"),
+        (b"\xff\xfe", "not valid"),
+    ],
+)
 def test_invalid_bodies(raw: bytes, fragment: str) -> None:
     with pytest.raises(InvalidJSON) as exc:
         parse_request("chat", raw)
     assert fragment in exc.value.message
 
 
-@pytest.mark.parametrize(("raw", "param"), [
-    (b'{"model": 3, "messages": [{"role":"user","content":"x"}]}', "model"),
-    (b'{"messages": "hi"}', "messages"),
-    (b'{"messages": [{"content":"x"}]}', "messages[0].role"),
-    (b'{"messages": [{"role":"user","content":5}]}', "messages[0].content"),
-    (b'{"messages": [{"role":"user","content":"x"}], "stream": "yes"}', "stream"),
-    (b'{"messages": [{"role":"user","content":"x"}], "max_tokens": "10"}', "max_tokens"),
-    (b'{"messages": [{"role":"user","content":"x"}], "max_tokens": -5}', "max_tokens"),
-])
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b'{"model": 3, "messages": [{"role":"user","content":"x"}]}', "model"),
+        (b'{"messages": "hi"}', "messages"),
+        (b'{"messages": [{"content":"x"}]}', "messages[0].role"),
+        (b'{"messages": [{"role":"user","content":5}]}', "messages[0].content"),
+        (b'{"messages": [{"role":"user","content":"x"}], "stream": "yes"}', "stream"),
+        (b'{"messages": [{"role":"user","content":"x"}], "max_tokens": "10"}', "max_tokens"),
+        (b'{"messages": [{"role":"user","content":"x"}], "max_tokens": -5}', "max_tokens"),
+    ],
+)
 def test_wrong_types_name_the_field(raw: bytes, param: str) -> None:
     with pytest.raises(BadRequest) as exc:
         parse_request("chat", raw)
@@ -53,15 +62,21 @@ def test_completions_prompt_shapes() -> None:
 
 
 def test_canonical_parts_order_tools_then_messages() -> None:
-    req = parse_request("chat", b'{"tools":[{"type":"function"}],"messages":[{"role":"system","content":"S"},'
-                                b'{"role":"user","content":[{"type":"text","text":"T"}]}]}')
+    req = parse_request(
+        "chat",
+        b'{"tools":[{"type":"function"}],"messages":[{"role":"system","content":"S"},'
+        b'{"role":"user","content":[{"type":"text","text":"T"}]}]}',
+    )
     assert list(prompt_parts(req)) == ['[{"type":"function"}]', "<|system|>", "S", "<|user|>", "T"]
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=20)
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -87,24 +102,47 @@ def _reference_parts(body: dict[str, object]) -> list[str]:
         for part in content if isinstance(content, list) else ():
             if isinstance(part, dict):
                 text = part.get("text")
-                out.append(text if isinstance(text, str) else json.dumps(part, sort_keys=True, separators=(",", ":")))
+                out.append(
+                    text
+                    if isinstance(text, str)
+                    else json.dumps(part, sort_keys=True, separators=(",", ":"))
+                )
         if msg.get("tool_calls"):
             out.append(json.dumps(msg["tool_calls"], sort_keys=True, separators=(",", ":")))
     return out
 
 
-_parts = st.lists(st.dictionaries(st.sampled_from(["type", "text", "image_url"]), st.text(max_size=5) | st.integers(),
-                                  max_size=3) | st.integers(), max_size=3)
-_messages = st.lists(st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant", "tool", "critic", ""])},
-    optional={"content": st.none() | st.text(max_size=10) | _parts,
-              "tool_calls": st.none() | st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=4)), max_size=2)}),
-    min_size=1, max_size=6)
+_parts = st.lists(
+    st.dictionaries(
+        st.sampled_from(["type", "text", "image_url"]),
+        st.text(max_size=5) | st.integers(),
+        max_size=3,
+    )
+    | st.integers(),
+    max_size=3,
+)
+_messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool", "critic", ""])},
+        optional={
+            "content": st.none() | st.text(max_size=10) | _parts,
+            "tool_calls": st.none()
+            | st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=4)), max_size=2),
+        },
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(messages=_messages, tools=st.none() | st.lists(st.dictionaries(st.text(max_size=4), st.integers()), max_size=2))
-def test_prompt_parts_follow_the_canonical_order(messages: list[dict[str, object]], tools: object) -> None:
+@given(
+    messages=_messages,
+    tools=st.none() | st.lists(st.dictionaries(st.text(max_size=4), st.integers()), max_size=2),
+)
+def test_prompt_parts_follow_the_canonical_order(
+    messages: list[dict[str, object]], tools: object
+) -> None:
     body: dict[str, object] = {"model": "m", "messages": messages}
     if tools is not None:
         body["tools"] = tools

@@ -19,9 +19,15 @@ class Clock:
         return self.now
 
 
-def make(max_requests: int = 100, max_tokens: int = 10**9, clock: Clock | None = None) -> AdmissionQueue[str]:
-    return AdmissionQueue(CLASSES, dict.fromkeys(CLASSES, max_requests), dict.fromkeys(CLASSES, max_tokens),
-                          clock or Clock())
+def make(
+    max_requests: int = 100, max_tokens: int = 10**9, clock: Clock | None = None
+) -> AdmissionQueue[str]:
+    return AdmissionQueue(
+        CLASSES,
+        dict.fromkeys(CLASSES, max_requests),
+        dict.fromkeys(CLASSES, max_tokens),
+        clock or Clock(),
+    )
 
 
 def test_order_is_class_then_deadline_then_arrival() -> None:
@@ -35,8 +41,12 @@ def test_order_is_class_then_deadline_then_arrival() -> None:
 
 
 def test_bounds_per_class_in_requests_and_tokens() -> None:
-    q: AdmissionQueue[str] = AdmissionQueue(CLASSES, {"interactive": 1, "standard": 5, "batch": 5},
-                       {"interactive": 100, "standard": 100, "batch": 100}, Clock())
+    q: AdmissionQueue[str] = AdmissionQueue(
+        CLASSES,
+        {"interactive": 1, "standard": 5, "batch": 5},
+        {"interactive": 100, "standard": 100, "batch": 100},
+        Clock(),
+    )
     q.push("i1", "interactive", 1.0, 10)
     with pytest.raises(QueueFull) as info:
         q.push("i2", "interactive", 1.0, 10)

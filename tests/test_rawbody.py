@@ -11,17 +11,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.forward import rawbody
 from gateway.config.schema import ReplicaConfig
-from gateway.ingress.protocol import parse_request
+from gateway.forward import rawbody
 from gateway.http.serving import BackgroundServers, Listener, free_port
+from gateway.ingress.protocol import parse_request
 from tests.gwharness import RunningGateway, running_gateway
 from tests.upstreams import Script, scripted_app
 
-_SCALARS = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8) | \
-    st.floats(allow_nan=False, allow_infinity=False)
-_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) |
-                       st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.text(max_size=8)
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 _KEYS = st.text(min_size=1, max_size=6)
 
 
@@ -31,11 +41,20 @@ def _raw(body: dict[str, Any], spaced: bool) -> bytes:
 
 
 @settings(max_examples=200, deadline=None)
-@given(body=st.dictionaries(_KEYS, _VALUES, max_size=5), spaced=st.booleans(),
-       added=st.dictionaries(st.text(min_size=7, max_size=9), _VALUES, max_size=3),
-       changed=st.lists(_KEYS, max_size=2), removed=st.lists(_KEYS, max_size=2))
-def test_spliced_bytes_mean_exactly_the_final_body(body: dict[str, Any], spaced: bool, added: dict[str, Any],
-                                                   changed: list[str], removed: list[str]) -> None:
+@given(
+    body=st.dictionaries(_KEYS, _VALUES, max_size=5),
+    spaced=st.booleans(),
+    added=st.dictionaries(st.text(min_size=7, max_size=9), _VALUES, max_size=3),
+    changed=st.lists(_KEYS, max_size=2),
+    removed=st.lists(_KEYS, max_size=2),
+)
+def test_spliced_bytes_mean_exactly_the_final_body(
+    body: dict[str, Any],
+    spaced: bool,
+    added: dict[str, Any],
+    changed: list[str],
+    removed: list[str],
+) -> None:
     raw = _raw(body, spaced)
     original = json.loads(raw)
     final = dict(original)
@@ -46,7 +65,9 @@ def test_spliced_bytes_mean_exactly_the_final_body(body: dict[str, Any], spaced:
         final.pop(k, None)
     final.update(added)
     out = rawbody.spliced(raw, original, final)
-    untouched = all(final.get(k) is v for k, v in original.items()) and len(final) - len(added) == len(original)
+    untouched = all(final.get(k) is v for k, v in original.items()) and len(final) - len(
+        added
+    ) == len(original)
     if untouched:
         assert out is not None
         assert json.loads(out) == final
@@ -60,15 +81,20 @@ def test_equal_scalars_count_as_unchanged() -> None:
     original = json.loads(raw)
     final = {**original, "max_tokens": int("100000"), "stream_options": {"include_usage": True}}
     assert final["max_tokens"] is not original["max_tokens"]
-    assert rawbody.spliced(raw, original, final) == (b'{"max_tokens": 100000, "model": "m",'
-                                                     b'"stream_options":{"include_usage":true}}')
+    assert rawbody.spliced(raw, original, final) == (
+        b'{"max_tokens": 100000, "model": "m","stream_options":{"include_usage":true}}'
+    )
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"model": "m", "max_tokens": 10, "max_tokens": 99999, "messages": [{"role": "user", "content": "x"}]}',
-    b'{"model": "m", "messages": [{"role": "user", "role": "system", "content": "x"}]}',
-    b'\xef\xbb\xbf{"model": "m", "messages": [{"role": "user", "content": "x"}]}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "max_tokens": 10, "max_tokens": 99999, '
+        b'"messages": [{"role": "user", "content": "x"}]}',
+        b'{"model": "m", "messages": [{"role": "user", "role": "system", "content": "x"}]}',
+        b'\xef\xbb\xbf{"model": "m", "messages": [{"role": "user", "content": "x"}]}',
+    ],
+)
 def test_repeated_keys_or_a_bom_are_never_forwarded_as_is(raw: bytes) -> None:
     req = parse_request("chat", raw)
     assert req.raw is None
@@ -79,31 +105,48 @@ def test_repeated_keys_or_a_bom_are_never_forwarded_as_is(raw: bytes) -> None:
 def gw_scripted() -> Iterator[tuple[Script, RunningGateway]]:
     script = Script()
     port = free_port()
-    with BackgroundServers([Listener(scripted_app(script), "127.0.0.1", port)]), \
-            running_gateway([ReplicaConfig(url=f"http://127.0.0.1:{port}", kind="vllm")]) as gw:
+    with (
+        BackgroundServers([Listener(scripted_app(script), "127.0.0.1", port)]),
+        running_gateway([ReplicaConfig(url=f"http://127.0.0.1:{port}", kind="vllm")]) as gw,
+    ):
         yield script, gw
 
 
-def test_the_engine_receives_the_clients_bytes_plus_added_keys(gw_scripted: tuple[Script, RunningGateway]) -> None:
+def test_the_engine_receives_the_clients_bytes_plus_added_keys(
+    gw_scripted: tuple[Script, RunningGateway],
+) -> None:
     script, gw = gw_scripted
-    sent = (b'{ "model" : "m",\n  "messages": [{"role": "user", "content": "caf\\u00e9 1.50e2"}],'
-            b'\n  "temperature": 1.0e-1, "stream": true }\n')
-    r = httpx.post(gw.base_url + "/chat/completions", content=sent,
-                   headers={"content-type": "application/json"}, timeout=10)
+    sent = (
+        b'{ "model" : "m",\n  "messages": [{"role": "user", "content": "caf\\u00e9 1.50e2"}],'
+        b'\n  "temperature": 1.0e-1, "stream": true }\n'
+    )
+    r = httpx.post(
+        gw.base_url + "/chat/completions",
+        content=sent,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     got = script.seen[-1]["raw"]
     head = sent.rstrip()[:-1].rstrip()
     assert got.startswith(head + b",")  # byte for byte, formatting and escapes kept
-    extra = json.loads(b"{" + got[len(head) + 1:])
+    extra = json.loads(b"{" + got[len(head) + 1 :])
     assert extra["stream_options"] == {"include_usage": True}  # usage for accounting
     assert isinstance(extra["max_tokens"], int)  # the policy's default output limit
 
 
 def test_a_clamped_limit_is_re_encoded(gw_scripted: tuple[Script, RunningGateway]) -> None:
     script, gw = gw_scripted
-    sent = b'{"model": "m", "max_tokens": 10, "max_tokens": 999999999, "messages": [{"role": "user", "content": "x"}]}'
-    r = httpx.post(gw.base_url + "/chat/completions", content=sent,
-                   headers={"content-type": "application/json"}, timeout=10)
+    sent = (
+        b'{"model": "m", "max_tokens": 10, "max_tokens": 999999999, '
+        b'"messages": [{"role": "user", "content": "x"}]}'
+    )
+    r = httpx.post(
+        gw.base_url + "/chat/completions",
+        content=sent,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
     got = script.seen[-1]["raw"] if script.seen else b""
     if r.status_code == 200:
         assert got.count(b'"max_tokens"') == 1  # one value, the one the gateway enforced

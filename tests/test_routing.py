@@ -53,8 +53,12 @@ def gw(cluster: SimCluster) -> Iterator[RunningGateway]:
 def chat(gw: RunningGateway, content: str, session: str | None = None, **kw: Any) -> str:
     headers = {"x-session-id": session} if session else {}
     raw = gw.openai().chat.completions.with_raw_response.create(
-        model="sim-model", messages=[{"role": "user", "content": content}], max_tokens=4,
-        extra_headers=headers, **kw)
+        model="sim-model",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=4,
+        extra_headers=headers,
+        **kw,
+    )
     raw.parse()
     replica = raw.headers.get("x-gateway-replica")
     assert replica
@@ -65,7 +69,9 @@ def hits(cluster: SimCluster) -> list[int]:
     return [cluster.stats(i)["totals"]["prefix_hits_tokens"] for i in range(len(cluster.urls))]
 
 
-def test_session_turns_stay_on_one_replica_and_hit_the_cache(gw: RunningGateway, cluster: SimCluster) -> None:
+def test_session_turns_stay_on_one_replica_and_hit_the_cache(
+    gw: RunningGateway, cluster: SimCluster
+) -> None:
     history = SYSTEM
     seen = []
     for turn in range(6):
@@ -78,7 +84,9 @@ def test_session_turns_stay_on_one_replica_and_hit_the_cache(gw: RunningGateway,
 
 
 def test_fifty_sessions_spread_over_all_replicas(gw: RunningGateway) -> None:
-    placed = Counter(chat(gw, SYSTEM + f"task number {s}: fix the bug", session=f"s-{s}") for s in range(50))
+    placed = Counter(
+        chat(gw, SYSTEM + f"task number {s}: fix the bug", session=f"s-{s}") for s in range(50)
+    )
     assert len(placed) == 4
     assert max(placed.values()) <= 1.5 * 50 / 4
 
@@ -100,7 +108,10 @@ async def _burst(gw: RunningGateway, giant: str, n: int) -> list[str]:
 
     async def one(i: int) -> str:
         raw = await client.chat.completions.with_raw_response.create(
-            model="sim-model", max_tokens=64, messages=[{"role": "user", "content": giant + f" question {i}"}])
+            model="sim-model",
+            max_tokens=64,
+            messages=[{"role": "user", "content": giant + f" question {i}"}],
+        )
         return str(raw.headers["x-gateway-replica"])
 
     async with client:
@@ -133,7 +144,9 @@ def test_llamacpp_session_keeps_replica_and_slot() -> None:
                 chat(g, f"unrelated request {turn} " * 20, session=f"other-{turn}")
             assert len(set(seen)) == 1
             index = [r["name"] for r in g.replicas()].index(seen[0])
-            mine = [r for r in c.stats(index)["requests"] if r["prompt_tokens"] > 1000]  # the agent's turns
+            mine = [
+                r for r in c.stats(index)["requests"] if r["prompt_tokens"] > 1000
+            ]  # the agent's turns
             assert len(mine) == 4
             assert len({r["slot"] for r in mine}) == 1
             assert all(r["body"].get("id_slot") == r["slot"] for r in mine)

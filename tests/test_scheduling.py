@@ -13,17 +13,17 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from starlette.datastructures import Headers
 
-from gateway.config.schema import GatewayConfig, ReplicaConfig
 from gateway.config.decode import ConfigError, decode
+from gateway.config.schema import GatewayConfig, ReplicaConfig
 from gateway.deadlines.client import ClientDeadlines
-from gateway.pipeline.context import Parsed, RequestContext
-from tests.ctxkit import make_ctx
 from gateway.ingress.protocol import parse_request
+from gateway.pipeline.context import Parsed, RequestContext
 from gateway.replicas.registry import Replica
 from gateway.scheduling.config import SchedulingConfig
 from gateway.scheduling.interfaces import clamp01
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.router import Router, SchedulingRouter, build_router
+from tests.ctxkit import make_ctx
 
 
 class Clock:
@@ -44,16 +44,25 @@ def replicas(n: int, kind: str = "vllm") -> list[Replica]:
 
 
 def ctx_for(text: str, session: str | None = None, **body: Any) -> RequestContext:
-    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}], **body}).encode()
-    ctx = RequestContext(request_id="x", endpoint="chat", path="/v1/chat/completions",
-                         headers=Headers({}), received_at=0.0)
+    raw = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": text}], **body}
+    ).encode()
+    ctx = RequestContext(
+        request_id="x",
+        endpoint="chat",
+        path="/v1/chat/completions",
+        headers=Headers({}),
+        received_at=0.0,
+    )
     ctx.parsed = Parsed(parse_request("chat", raw), session, ClientDeadlines())
     return ctx
 
 
 def router(policy: str = "default", clock: Clock | None = None, **kw: Any) -> Router:
     cfg = SchedulingConfig(policy=policy, **kw)
-    return build_router(cfg, registry=CollectorRegistry(), clock=clock or Clock(), rng=random.Random(1))
+    return build_router(
+        cfg, registry=CollectorRegistry(), clock=clock or Clock(), rng=random.Random(1)
+    )
 
 
 def route(r: Router, ctx: RequestContext, cands: list[Replica]) -> Replica:
@@ -64,6 +73,7 @@ def route(r: Router, ctx: RequestContext, cands: list[Replica]) -> Replica:
 
 
 # --- config validation -----------------------------------------------------
+
 
 def decode_errors(sched: dict[str, Any]) -> str:
     # Decoding checks the scalars, building the router the plugin specs.
@@ -79,28 +89,76 @@ def test_default_config_is_valid_and_uses_default_profile() -> None:
     assert isinstance(build_router(cfg, registry=CollectorRegistry()), SchedulingRouter)
 
 
-@pytest.mark.parametrize(("sched", "expected"), [
-    ({"plugins": [{"name": "x", "type": "nope"}], "profiles": [{"name": "p", "picker": "x"}], "policy": "p"},
-     "plugins[0].type: unknown plugin type 'nope'"),
-    ({"plugins": [{"name": "x", "type": "max-score"}, {"name": "x", "type": "healthy"}],
-      "profiles": [{"name": "p", "picker": "x"}], "policy": "p"},
-     "plugins[1].name: duplicate plugin name 'x'"),
-    ({"profiles": [{"name": "p", "picker": "max-score", "filters": ["healthy", "ghost"]}], "policy": "p"},
-     "profiles[0].filters[1]: no plugin named 'ghost' is defined"),
-    ({"profiles": [{"name": "p", "picker": "max-score", "scorers": [{"plugin": "least-load"}]}], "policy": "p"},
-     "scheduling.profiles[0].scorers[0].weight: required key is missing"),
-    ({"profiles": [{"name": "p", "picker": "least-load"}], "policy": "p"},
-     "profiles[0].picker: plugin 'least-load' is a scorer, expected a picker"),
-    ({"profiles": [{"name": "p", "picker": "max-score"}, {"name": "p", "picker": "max-score"}], "policy": "p"},
-     "profiles[1].name: duplicate profile name 'p'"),
-    ({"plugins": [{"name": "t", "type": "estimated-ttft", "parameters": {"smoothing_tokens": "big"}}]},
-     "plugins[0].parameters.smoothing_tokens: expected a number"),
-    ({"plugins": [{"name": "t", "type": "estimated-ttft", "parameters": {"bogus": 1}}]},
-     "plugins[0].parameters.bogus: unknown key"),
-    ({"policy": "fastest"}, "policy: unknown profile or baseline 'fastest'"),
-    ({"block_bytes": 0}, "block_bytes: must be > 0"),
-    ({"hotspot": {"kv_fraction": 2.0}}, "scheduling.hotspot: kv_fraction must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    ("sched", "expected"),
+    [
+        (
+            {
+                "plugins": [{"name": "x", "type": "nope"}],
+                "profiles": [{"name": "p", "picker": "x"}],
+                "policy": "p",
+            },
+            "plugins[0].type: unknown plugin type 'nope'",
+        ),
+        (
+            {
+                "plugins": [{"name": "x", "type": "max-score"}, {"name": "x", "type": "healthy"}],
+                "profiles": [{"name": "p", "picker": "x"}],
+                "policy": "p",
+            },
+            "plugins[1].name: duplicate plugin name 'x'",
+        ),
+        (
+            {
+                "profiles": [{"name": "p", "picker": "max-score", "filters": ["healthy", "ghost"]}],
+                "policy": "p",
+            },
+            "profiles[0].filters[1]: no plugin named 'ghost' is defined",
+        ),
+        (
+            {
+                "profiles": [
+                    {"name": "p", "picker": "max-score", "scorers": [{"plugin": "least-load"}]}
+                ],
+                "policy": "p",
+            },
+            "scheduling.profiles[0].scorers[0].weight: required key is missing",
+        ),
+        (
+            {"profiles": [{"name": "p", "picker": "least-load"}], "policy": "p"},
+            "profiles[0].picker: plugin 'least-load' is a scorer, expected a picker",
+        ),
+        (
+            {
+                "profiles": [
+                    {"name": "p", "picker": "max-score"},
+                    {"name": "p", "picker": "max-score"},
+                ],
+                "policy": "p",
+            },
+            "profiles[1].name: duplicate profile name 'p'",
+        ),
+        (
+            {
+                "plugins": [
+                    {
+                        "name": "t",
+                        "type": "estimated-ttft",
+                        "parameters": {"smoothing_tokens": "big"},
+                    }
+                ]
+            },
+            "plugins[0].parameters.smoothing_tokens: expected a number",
+        ),
+        (
+            {"plugins": [{"name": "t", "type": "estimated-ttft", "parameters": {"bogus": 1}}]},
+            "plugins[0].parameters.bogus: unknown key",
+        ),
+        ({"policy": "fastest"}, "policy: unknown profile or baseline 'fastest'"),
+        ({"block_bytes": 0}, "block_bytes: must be > 0"),
+        ({"hotspot": {"kv_fraction": 2.0}}, "scheduling.hotspot: kv_fraction must be in (0, 1]"),
+    ],
+)
 def test_config_errors_name_the_key_path(sched: dict[str, Any], expected: str) -> None:
     assert expected in decode_errors(sched)
 
@@ -110,8 +168,16 @@ def test_every_registered_plugin_builds_with_default_parameters() -> None:
     scorers = [{"plugin": n, "weight": 1.0} for n, t in REGISTRY.items() if t.kind == "scorer"]
     filters = [n for n, t in REGISTRY.items() if t.kind == "filter"]
     for picker in (n for n, t in REGISTRY.items() if t.kind == "picker"):
-        cfg = decode(SchedulingConfig, {"plugins": plugins, "policy": "p", "profiles": [
-            {"name": "p", "picker": picker, "filters": filters, "scorers": scorers}]})
+        cfg = decode(
+            SchedulingConfig,
+            {
+                "plugins": plugins,
+                "policy": "p",
+                "profiles": [
+                    {"name": "p", "picker": picker, "filters": filters, "scorers": scorers}
+                ],
+            },
+        )
         r = build_router(cfg, registry=CollectorRegistry(), rng=random.Random(0))
         cands = replicas(3)
         assert set(map(id, r.rank(ctx_for("hi"), cands).replicas)) == set(map(id, cands))
@@ -119,12 +185,17 @@ def test_every_registered_plugin_builds_with_default_parameters() -> None:
 
 # --- invariants ---------------------------------------------------------------
 
-@given(st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=1, max_size=6),
-       st.text(max_size=3000), st.sampled_from([None, "s1", "s2"]),
-       st.sampled_from(["default", "round-robin", "least-load", "session-hash"]))
+
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=1, max_size=6),
+    st.text(max_size=3000),
+    st.sampled_from([None, "s1", "s2"]),
+    st.sampled_from(["default", "round-robin", "least-load", "session-hash"]),
+)
 @settings(max_examples=60, deadline=None)
 def test_scores_bounded_and_pick_is_a_filtered_candidate(
-        loads: list[tuple[int, bool]], text: str, session: str | None, policy: str) -> None:
+    loads: list[tuple[int, bool]], text: str, session: str | None, policy: str
+) -> None:
     cands = replicas(len(loads))
     for r, (inflight, healthy) in zip(cands, loads, strict=True):
         r.in_flight = inflight
@@ -201,7 +272,9 @@ def test_new_sessions_spread_with_bounded_load() -> None:
 def test_ties_agree_across_gateways() -> None:
     cands = replicas(4)
     for s in range(20):
-        picks = {router().rank(ctx_for("same prompt", f"s{s}"), cands).replicas[0].name for _ in range(3)}
+        picks = {
+            router().rank(ctx_for("same prompt", f"s{s}"), cands).replicas[0].name for _ in range(3)
+        }
         assert len(picks) == 1
 
 
@@ -255,11 +328,22 @@ def test_engine_state_is_read_through_the_adapter() -> None:
     from gateway.scheduling.engine_view import engine_view
 
     [rep] = replicas(1)
-    rep.live = LiveState(capacity_tokens=1000, used_tokens=300, leased_tokens=500, prefill_backlog_tokens=70,
-                          engine_waiting=3, prefill_tokens_per_s=1234.0)
+    rep.live = LiveState(
+        capacity_tokens=1000,
+        used_tokens=300,
+        leased_tokens=500,
+        prefill_backlog_tokens=70,
+        engine_waiting=3,
+        prefill_tokens_per_s=1234.0,
+    )
     view = engine_view(rep)
-    assert (view.capacity_tokens, view.used_tokens, view.backlog_tokens, view.waiting, view.prefill_rate) == (
-        1000, 500, 70, 3, 1234.0)
+    assert (
+        view.capacity_tokens,
+        view.used_tokens,
+        view.backlog_tokens,
+        view.waiting,
+        view.prefill_rate,
+    ) == (1000, 500, 70, 3, 1234.0)
     rep.live = None
     assert engine_view(rep).backlog_tokens is None
 
@@ -267,24 +351,42 @@ def test_engine_state_is_read_through_the_adapter() -> None:
 _OPT_INT = st.none() | st.integers(min_value=-5, max_value=10**9)
 
 
-@given(cap=_OPT_INT, used=_OPT_INT, leased=st.integers(min_value=0, max_value=10**9),
-       backlog=st.integers(min_value=-5, max_value=10**9), waiting=_OPT_INT,
-       rate=st.floats(min_value=-1.0, max_value=1e7, allow_nan=False),
-       config_cap=st.none() | st.integers(min_value=1, max_value=10**9))
+@given(
+    cap=_OPT_INT,
+    used=_OPT_INT,
+    leased=st.integers(min_value=0, max_value=10**9),
+    backlog=st.integers(min_value=-5, max_value=10**9),
+    waiting=_OPT_INT,
+    rate=st.floats(min_value=-1.0, max_value=1e7, allow_nan=False),
+    config_cap=st.none() | st.integers(min_value=1, max_value=10**9),
+)
 def test_engine_view_keeps_known_values_and_says_unknown_otherwise(
-        cap: int | None, used: int | None, leased: int, backlog: int, waiting: int | None, rate: float,
-        config_cap: int | None) -> None:
+    cap: int | None,
+    used: int | None,
+    leased: int,
+    backlog: int,
+    waiting: int | None,
+    rate: float,
+    config_cap: int | None,
+) -> None:
     from gateway.admission.livestate import LiveState
     from gateway.scheduling.engine_view import capacity_tokens, engine_view
 
     replica = Replica(ReplicaConfig(url="http://127.0.0.1:1", capacity_tokens=config_cap))
-    live = replica.live = LiveState(capacity_tokens=cap, used_tokens=used, leased_tokens=leased,
-                                     prefill_backlog_tokens=backlog, engine_waiting=waiting,
-                                     prefill_tokens_per_s=rate)
+    live = replica.live = LiveState(
+        capacity_tokens=cap,
+        used_tokens=used,
+        leased_tokens=leased,
+        prefill_backlog_tokens=backlog,
+        engine_waiting=waiting,
+        prefill_tokens_per_s=rate,
+    )
     view = engine_view(replica)
     assert view.capacity_tokens == (cap if cap is not None and cap >= 0 else config_cap)
     assert capacity_tokens(replica) == view.capacity_tokens
-    assert view.used_tokens == live.kv_used_tokens  # the larger of ledger and metrics, never negative
+    assert (
+        view.used_tokens == live.kv_used_tokens
+    )  # the larger of ledger and metrics, never negative
     assert view.backlog_tokens == (backlog if backlog >= 0 else None)
     assert view.waiting == (waiting if waiting is not None and waiting >= 0 else None)
     assert view.prefill_rate == (rate if rate > 0 else None)
@@ -292,6 +394,7 @@ def test_engine_view_keeps_known_values_and_says_unknown_otherwise(
 
 def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
     """Routing skips scoring for a lone healthy replica; what on_routed records is unchanged."""
+
     def routed_twice(lone: bool) -> list[tuple[int, int]]:
         rt = router("default")
         assert isinstance(rt, SchedulingRouter)
@@ -317,8 +420,8 @@ def test_a_lone_replica_learns_the_same_as_a_ranked_cycle() -> None:
 def test_admission_reserves_prefill_only_for_what_the_index_expects_uncached(n: int) -> None:
     """`rank` tells admission (`ctx.cached_tokens`) how much of the prompt the
     chosen replica's prefix index holds; the prefill claim is the rest."""
-    from gateway.config.schema import AdmissionConfig
     from gateway.admission.demand import DemandEstimator
+    from gateway.config.schema import AdmissionConfig
 
     rt = router("default")
     assert isinstance(rt, SchedulingRouter)

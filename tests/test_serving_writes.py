@@ -52,7 +52,11 @@ def test_head_and_body_of_one_turn_make_one_write_and_stream_chunks_pass_through
 
     one, stream, closed = asyncio.run(scenario())
     assert one == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"]
-    assert stream == [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n", b"data: 1\n\n", b"data: 2\n\n"]
+    assert stream == [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n",
+        b"data: 1\n\n",
+        b"data: 2\n\n",
+    ]
     assert closed == [b"HTTP/1.1 500 Internal Server Error\r\n\r\n"]
 
 
@@ -62,14 +66,18 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]}
+    )
     await send({"type": "http.response.body", "body": b"hello"})
 
 
 def test_a_served_response_arrives_whole_over_keep_alive() -> None:
     port = free_port()
-    with BackgroundServers([Listener(_app, "127.0.0.1", port)]), \
-            socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+    with (
+        BackgroundServers([Listener(_app, "127.0.0.1", port)]),
+        socket.create_connection(("127.0.0.1", port), timeout=5) as s,
+    ):
         for _ in range(3):
             s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             data = b""

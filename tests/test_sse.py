@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 from gateway.forward.sse import SSERelay, usage_from_body
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-USAGE_ONLY = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'
+USAGE_ONLY = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'
+)
 DONE = b"data: [DONE]\n\n"
 
 
@@ -62,13 +64,17 @@ def test_any_split_of_the_stream_yields_the_same_bytes(cuts: list[int]) -> None:
 def test_usage_from_non_streaming_body() -> None:
     body = json.dumps({"choices": [], "usage": {"prompt_tokens": 1}}).encode()
     assert usage_from_body(body) == {"prompt_tokens": 1}
-    assert usage_from_body(b"not json with \"usage\"") is None
+    assert usage_from_body(b'not json with "usage"') is None
 
 
 def test_usage_from_body_ignores_nested_and_escaped_mentions() -> None:
-    body = json.dumps({"choices": [{"message": {"content": 'say "usage": {"x": 1}'}}],
-                       "usage": {"prompt_tokens": 4, "total_tokens": 9},
-                       "extra": {"usage": "not this"}}).encode()
+    body = json.dumps(
+        {
+            "choices": [{"message": {"content": 'say "usage": {"x": 1}'}}],
+            "usage": {"prompt_tokens": 4, "total_tokens": 9},
+            "extra": {"usage": "not this"},
+        }
+    ).encode()
     assert usage_from_body(body) == {"prompt_tokens": 4, "total_tokens": 9}
     spaced = b'{"usage" :  {"prompt_tokens": 2, "total_tokens": 3}}'
     assert usage_from_body(spaced) == {"prompt_tokens": 2, "total_tokens": 3}

@@ -11,24 +11,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config.schema import ReplicaConfig, TokensConfig, UpstreamConfig
-from gateway.policy.estimate import estimate_text
+from gateway.forward.upstream import UpstreamClient
 from gateway.ingress.protocol import parse_request
+from gateway.policy.estimate import estimate_text
+from gateway.policy.tokens import LRU, EngineCounter, TokenCount, estimate_request
 from gateway.replicas.registry import Replica
 from gateway.sim.cluster import SimCluster
 from gateway.sim.tokens import count_tokens, render_chat, tokenize
-from gateway.policy.tokens import LRU, EngineCounter, TokenCount, estimate_request
-from gateway.forward.upstream import UpstreamClient
 
 ENGLISH = "The quick brown fox jumps over the lazy dog while the engineers measure latency."
-SPANISH = "La pasarela cuenta los tokens de entrada, reserva el peor caso y sólo deja pasar lo que cabe."
+SPANISH = (
+    "La pasarela cuenta los tokens de entrada, reserva el peor caso y sólo deja pasar lo que cabe."
+)
 CODE = "def handle(ctx: RequestContext) -> None:\n    if ctx.deadline is None:\n        return\n"
 
 text_st = st.one_of(
     st.text(max_size=400),
-    st.text(alphabet=st.sampled_from(list("abcdefghijklmnopqrstuvwxyzABCDEZ áéíóúñ¿¡0123456789 \n\t(){}[]:;,._=-+*/\"'#")),
-            max_size=600),
-    st.lists(st.sampled_from([ENGLISH, SPANISH, CODE, "    ", "\n\n", "12345", "getUserById"]), max_size=12)
-    .map("".join),
+    st.text(
+        alphabet=st.sampled_from(
+            list("abcdefghijklmnopqrstuvwxyzABCDEZ áéíóúñ¿¡0123456789 \n\t(){}[]:;,._=-+*/\"'#")
+        ),
+        max_size=600,
+    ),
+    st.lists(
+        st.sampled_from([ENGLISH, SPANISH, CODE, "    ", "\n\n", "12345", "getUserById"]),
+        max_size=12,
+    ).map("".join),
 )
 
 
@@ -39,20 +47,30 @@ def test_estimate_never_below_simulator_tokenizer(text: str) -> None:
 
 
 messages_st = st.lists(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]),
-                           "content": text_st}),
-    min_size=1, max_size=6)
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]),
+            "content": text_st,
+        }
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(messages=messages_st, tools=st.booleans())
 def test_request_estimate_covers_chat_template(messages: list[dict[str, str]], tools: bool) -> None:
     body: dict[str, object] = {"model": "m", "messages": messages}
-    tool_list = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]
+    tool_list = [
+        {"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}
+    ]
     if tools:
         body["tools"] = tool_list
     req = parse_request("chat", json.dumps(body).encode())
-    assert estimate_request(req) >= len(tokenize(render_chat(messages, tool_list if tools else None)))
+    assert estimate_request(req) >= len(
+        tokenize(render_chat(messages, tool_list if tools else None))
+    )
 
 
 def test_estimate_is_conservative_but_not_absurd_on_samples() -> None:
@@ -97,11 +115,16 @@ def test_engine_counter_llamacpp_apply_template_then_tokenize_and_cache(sims: Si
             assert isinstance(second, TokenCount)
             assert await counter.count(req, [replica]) == second
             down = _replica("http://127.0.0.1:1", "vllm")
-            other = parse_request("chat", json.dumps({"model": "x", "messages": [{"role": "user", "content": "z"}]})
-                                  .encode())
+            other = parse_request(
+                "chat",
+                json.dumps({"model": "x", "messages": [{"role": "user", "content": "z"}]}).encode(),
+            )
             fallback = await counter.count(other, [down])
-            return [(first.tokens, first.source), (second.tokens, second.source),
-                    (fallback.tokens, fallback.source)]
+            return [
+                (first.tokens, first.source),
+                (second.tokens, second.source),
+                (fallback.tokens, fallback.source),
+            ]
         finally:
             await client.close()
 

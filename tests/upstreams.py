@@ -16,14 +16,22 @@ from starlette.routing import Route
 
 VLLM_CONTEXT_ERROR = {
     "error": {
-        "message": "This model's maximum context length is 2048 tokens. However, your prompt contains "
-                   "3000 input tokens. Please reduce the length of the input messages.",
-        "type": "BadRequestError", "param": None, "code": 400,
+        "message": "This model's maximum context length is 2048 tokens. However, your prompt "
+        "contains "
+        "3000 input tokens. Please reduce the length of the input messages.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
     }
 }
 LLAMACPP_CONTEXT_ERROR = {
-    "error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
-              "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096}
+    "error": {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 5000,
+        "n_ctx": 4096,
+    }
 }
 
 
@@ -38,8 +46,13 @@ class Script:
 
 
 def _chunk(content: str) -> str:
-    obj = {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-           "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+    obj = {
+        "id": "cmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
     return "data: " + json.dumps(obj) + "\n\n"
 
 
@@ -48,7 +61,9 @@ def scripted_app(script: Script) -> Starlette:
         return Response(status_code=script.health_status)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 2048}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 2048}]}
+        )
 
     async def chat(request: Request) -> Response:
         raw = await request.body()
@@ -57,12 +72,26 @@ def scripted_app(script: Script) -> Starlette:
         if script.status != 200:
             return JSONResponse(script.error_body, status_code=script.status)
         if not body.get("stream"):
-            return JSONResponse({
-                "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": "m",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "x " * script.chunks},
-                             "finish_reason": "length"}],
-                "usage": {"prompt_tokens": 7, "completion_tokens": script.chunks,
-                          "total_tokens": 7 + script.chunks}})
+            return JSONResponse(
+                {
+                    "id": "cmpl-1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "x " * script.chunks},
+                            "finish_reason": "length",
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": 7,
+                        "completion_tokens": script.chunks,
+                        "total_tokens": 7 + script.chunks,
+                    },
+                }
+            )
 
         async def gen() -> Any:
             for _ in range(script.chunks):
@@ -70,12 +99,33 @@ def scripted_app(script: Script) -> Starlette:
                 if script.chunk_delay_s:
                     await asyncio.sleep(script.chunk_delay_s)
             if (body.get("stream_options") or {}).get("include_usage"):
-                usage = {"prompt_tokens": 7, "completion_tokens": script.chunks, "total_tokens": 7 + script.chunks}
-                yield "data: " + json.dumps({"id": "cmpl-1", "object": "chat.completion.chunk", "created": 0,
-                                             "model": "m", "choices": [], "usage": usage}) + "\n\n"
+                usage = {
+                    "prompt_tokens": 7,
+                    "completion_tokens": script.chunks,
+                    "total_tokens": 7 + script.chunks,
+                }
+                yield (
+                    "data: "
+                    + json.dumps(
+                        {
+                            "id": "cmpl-1",
+                            "object": "chat.completion.chunk",
+                            "created": 0,
+                            "model": "m",
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
+                    + "\n\n"
+                )
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/health", health), Route("/v1/models", models),
-                             Route("/v1/chat/completions", chat, methods=["POST"])])
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+        ]
+    )

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 
 from setuptools import build_meta as _setuptools
-from setuptools.build_meta import *  # every other hook is setuptools' own
+from setuptools.build_meta import *  # noqa: F403 - every other hook is setuptools' own
 
 #: The mypyc the compiled build is tested with (scripts/test's second pass).
 MYPYC_REQUIREMENT = "mypy==2.4.1"

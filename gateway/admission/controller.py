@@ -36,14 +36,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.admission.metrics import AdmissionMetrics
-from gateway.config.schema import PRIORITY_CLASSES, AdmissionConfig
-from gateway.pipeline.context import RequestContext
 from gateway.admission.demand import DemandEstimator
-from gateway.errors import BadRequest, NoHealthyReplica, Overloaded
 from gateway.admission.ledger import Demand, Lease, Limits, SharedLease, claims
 from gateway.admission.livestate import ReplicaLive
+from gateway.admission.metrics import AdmissionMetrics
 from gateway.admission.queue import AdmissionQueue, Entry, QueueFull
+from gateway.config.schema import PRIORITY_CLASSES, AdmissionConfig
+from gateway.errors import BadRequest, NoHealthyReplica, Overloaded
+from gateway.pipeline.context import RequestContext
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.state import MemoryStateStore, StateStore
 
@@ -59,8 +59,14 @@ class Waiter:
 
 
 class AdmissionController:
-    def __init__(self, cfg: AdmissionConfig, registry: ReplicaRegistry, store: StateStore | None = None,
-                 metrics: AdmissionMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        cfg: AdmissionConfig,
+        registry: ReplicaRegistry,
+        store: StateStore | None = None,
+        metrics: AdmissionMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._cfg = cfg
         self._store: StateStore = store if store is not None else MemoryStateStore(clock)
         # An in-process store: the trackers below are the ledger (`gateway.ledger`).
@@ -72,11 +78,14 @@ class AdmissionController:
         for r in registry:
             r.live = self.trackers[r.name].state
         self.queue: AdmissionQueue[Waiter] = AdmissionQueue(
-            PRIORITY_CLASSES, cfg.queue_max_requests, cfg.queue_max_tokens, clock)
+            PRIORITY_CLASSES, cfg.queue_max_requests, cfg.queue_max_tokens, clock
+        )
         self._pump_task: asyncio.Task[None] | None = None
         self._repump = False
         if metrics is not None:
-            metrics.watch(registry, lambda: [(c, st.length, st.tokens) for c, st in self.queue.stats.items()])
+            metrics.watch(
+                registry, lambda: [(c, st.length, st.tokens) for c, st in self.queue.stats.items()]
+            )
 
     @property
     def enabled(self) -> bool:
@@ -88,8 +97,9 @@ class AdmissionController:
         """Cheap synchronous check against the local view (the reserve decides)."""
         if not self._cfg.enabled:
             return replica.healthy
-        return not isinstance(self._limits(replica, self.estimator.demand(ctx, replica.name),
-                                           self._class(ctx)), str)
+        return not isinstance(
+            self._limits(replica, self.estimator.demand(ctx, replica.name), self._class(ctx)), str
+        )
 
     def on_update(self, replica: Replica) -> None:
         """A fresh reading (or a failed poll) for `replica`: re-evaluate the queue."""
@@ -119,7 +129,9 @@ class AdmissionController:
         ctx.admission.queued_at = self._clock()
         if not self._cfg.enabled:
             replica = next((r for r in ranked if r.healthy), ranked[0])
-            return self._granted(ctx, Lease(replica, self.estimator.demand(ctx), self._delta, held=False))
+            return self._granted(
+                ctx, Lease(replica, self.estimator.demand(ctx), self._delta, held=False)
+            )
         cls = self._class(ctx)
         demand = self.estimator.demand(ctx)
         self._check_fits(ctx, cls, demand, ranked)
@@ -146,7 +158,9 @@ class AdmissionController:
         ctx.admission.on_first_byte = lease.first_byte
         return lease
 
-    def _check_fits(self, ctx: RequestContext, cls: str, demand: Demand, ranked: list[Replica]) -> None:
+    def _check_fits(
+        self, ctx: RequestContext, cls: str, demand: Demand, ranked: list[Replica]
+    ) -> None:
         largest = 0
         for r in ranked:
             cap = r.live.capacity_tokens if r.live is not None else None
@@ -159,7 +173,10 @@ class AdmissionController:
         raise BadRequest(
             f"This request needs {demand.kv_tokens} KV tokens ({demand.prompt_tokens} prompt + "
             f"{demand.output_tokens} output), more than any replica holds ({largest}).",
-            param="max_tokens", code="exceeds_replica_capacity", reason="exceeds_capacity")
+            param="max_tokens",
+            code="exceeds_replica_capacity",
+            reason="exceeds_capacity",
+        )
 
     def _queued_at_or_above(self, cls: str) -> bool:
         if not len(self.queue):
@@ -169,15 +186,22 @@ class AdmissionController:
 
     # --- the queue ----------------------------------------------------------
 
-    async def _wait(self, ctx: RequestContext, ranked: list[Replica], cls: str, demand: Demand) -> Lease:
+    async def _wait(
+        self, ctx: RequestContext, ranked: list[Replica], cls: str, demand: Demand
+    ) -> Lease:
         deadline = ctx.deadline.at if ctx.deadline is not None else math.inf
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         try:
-            entry = self.queue.push(Waiter(ctx, ranked, cls, future), cls, deadline, demand.kv_tokens)
+            entry = self.queue.push(
+                Waiter(ctx, ranked, cls, future), cls, deadline, demand.kv_tokens
+            )
         except QueueFull as full:
             self._reject(cls, "queue_full")
-            raise Overloaded(f"The gateway queue for {cls} requests is full ({full.what}); retry later.",
-                             retry_after=full.retry_after, reason="queue_full") from None
+            raise Overloaded(
+                f"The gateway queue for {cls} requests is full ({full.what}); retry later.",
+                retry_after=full.retry_after,
+                reason="queue_full",
+            ) from None
         self.kick()
         try:
             lease = await self._await_admission(entry, demand, future)
@@ -205,17 +229,24 @@ class AdmissionController:
             return None
         return future.result()
 
-    async def _await_admission(self, entry: Entry[Waiter], demand: Demand, future: asyncio.Future[Lease]) -> Lease:
-        for _ in range(100_000):  # each round waits until the shed instant moves: bounded in practice
+    async def _await_admission(
+        self, entry: Entry[Waiter], demand: Demand, future: asyncio.Future[Lease]
+    ) -> Lease:
+        for _ in range(
+            100_000
+        ):  # each round waits until the shed instant moves: bounded in practice
             shed_at = entry.deadline - self._estimated_ttft(entry, demand)
             wait = shed_at - self._clock()
             if wait <= 0 and future.done():
                 return future.result()
             if wait <= 0:
                 self._reject(entry.cls, "deadline_unreachable")
-                raise Overloaded("The request cannot start before its deadline at the current load.",
-                                 retry_after=self.queue.retry_after(entry.cls), reason="deadline_unreachable",
-                                 code="deadline_unreachable")
+                raise Overloaded(
+                    "The request cannot start before its deadline at the current load.",
+                    retry_after=self.queue.retry_after(entry.cls),
+                    reason="deadline_unreachable",
+                    code="deadline_unreachable",
+                )
             done, _ = await asyncio.wait({future}, timeout=None if math.isinf(wait) else wait)
             if done:
                 return future.result()
@@ -259,29 +290,37 @@ class AdmissionController:
 
     # --- the decision -------------------------------------------------------
 
-    async def _try_ranked(self, ctx: RequestContext, ranked: list[Replica], cls: str,
-                          uncached: Demand | None = None) -> Lease | None:
+    async def _try_ranked(
+        self, ctx: RequestContext, ranked: list[Replica], cls: str, uncached: Demand | None = None
+    ) -> Lease | None:
         """`uncached`: the demand with nothing cached (`estimator.demand(ctx)`), when known."""
         if self._local:
             return self._try_local(ctx, ranked, cls, uncached)
         for replica, demand, limits in self._fitting(ctx, ranked, cls, uncached):
             now = self._clock()
-            ttl = max(0.0, (ctx.deadline.at if ctx.deadline is not None else now) - now) + self._cfg.lease_grace_s
+            ttl = (
+                max(0.0, (ctx.deadline.at if ctx.deadline is not None else now) - now)
+                + self._cfg.lease_grace_s
+            )
             result = await self._store.reserve(claims(replica.name, demand, limits), ttl)
             if result.reservation is not None:
-                return SharedLease(replica, demand, self._store, result.reservation, ttl, self._delta)
+                return SharedLease(
+                    replica, demand, self._store, result.reservation, ttl, self._delta
+                )
         return None
 
-    def _try_local(self, ctx: RequestContext, ranked: list[Replica], cls: str,
-                   uncached: Demand | None = None) -> Lease | None:
+    def _try_local(
+        self, ctx: RequestContext, ranked: list[Replica], cls: str, uncached: Demand | None = None
+    ) -> Lease | None:
         """The in-process ledger: the trackers' counters are the whole ledger, and
         `_limits` checked them without suspending, so a fit is a grant."""
         for replica, demand, _limits in self._fitting(ctx, ranked, cls, uncached):
             return Lease(replica, demand, self._delta)
         return None
 
-    def _fitting(self, ctx: RequestContext, ranked: list[Replica], cls: str,
-                 uncached: Demand | None) -> Iterator[tuple[Replica, Demand, Limits]]:
+    def _fitting(
+        self, ctx: RequestContext, ranked: list[Replica], cls: str, uncached: Demand | None
+    ) -> Iterator[tuple[Replica, Demand, Limits]]:
         """The ranked replicas that can admit now, in order, with the demand and
         reserve limits on each."""
         cached = ctx.routing.cached_tokens
@@ -300,19 +339,28 @@ class AdmissionController:
         if not replica.healthy or s is None or not s.healthy:
             return "unhealthy"
         if s.capacity_tokens is None:
-            bounds = [b for b in (self._cfg.unknown_capacity_max_in_flight, s.max_in_flight) if b is not None]
+            bounds = [
+                b
+                for b in (self._cfg.unknown_capacity_max_in_flight, s.max_in_flight)
+                if b is not None
+            ]
             bound = min(bounds) if bounds else None
             if bound is not None and s.in_flight + 1 > bound:
                 return "in_flight"
             return Limits(None, None, bound)
-        if (self._cfg.max_engine_waiting is not None and s.engine_waiting is not None
-                and s.engine_waiting > self._cfg.max_engine_waiting):
+        if (
+            self._cfg.max_engine_waiting is not None
+            and s.engine_waiting is not None
+            and s.engine_waiting > self._cfg.max_engine_waiting
+        ):
             return "engine_queue"
         free = s.capacity_tokens - s.external_tokens
         kv = int(self._cfg.watermark(cls) * s.capacity_tokens) - s.external_tokens
         if demand.kv_tokens <= free:
             kv = max(kv, demand.kv_tokens)  # an idle ledger takes any request that fits
-        prefill = max(int(self._cfg.ttft_target(cls) * s.prefill_tokens_per_s), demand.prefill_tokens)
+        prefill = max(
+            int(self._cfg.ttft_target(cls) * s.prefill_tokens_per_s), demand.prefill_tokens
+        )
         limits = Limits(kv, prefill, s.max_in_flight)
         if s.leased_tokens + demand.kv_tokens > kv:
             return "kv"
@@ -326,8 +374,9 @@ class AdmissionController:
         replica = lease.replica
         replica.in_flight += in_flight
         t = self.trackers[replica.name]
-        replica.live = t.ledger_changed(t.leased + kv, t.backlog + prefill, t.in_flight + in_flight,
-                                         self._clock())
+        replica.live = t.ledger_changed(
+            t.leased + kv, t.backlog + prefill, t.in_flight + in_flight, self._clock()
+        )
         if kv < 0 or prefill < 0 or in_flight < 0:
             self.kick()
 
@@ -346,9 +395,14 @@ class AdmissionController:
     def describe(self) -> dict[str, Any]:
         return {
             "enabled": self._cfg.enabled,
-            "queue": {c: {"length": st.length, "tokens": st.tokens,
-                          "drain_per_s": None if st.drain_per_s is None else round(st.drain_per_s, 3)}
-                      for c, st in self.queue.stats.items()},
+            "queue": {
+                c: {
+                    "length": st.length,
+                    "tokens": st.tokens,
+                    "drain_per_s": None if st.drain_per_s is None else round(st.drain_per_s, 3),
+                }
+                for c, st in self.queue.stats.items()
+            },
         }
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from gateway.config.schema import AdmissionConfig
-from gateway.pipeline.context import RequestContext
 from gateway.admission.ledger import Demand
+from gateway.config.schema import AdmissionConfig
 from gateway.ingress.protocol import prompt_parts
+from gateway.pipeline.context import RequestContext
 
 _WINDOW = 512
 _MAX_TASKS = 1024

@@ -77,7 +77,9 @@ class Lease:
 
     __slots__ = ("_on_change", "closed", "demand", "kv_held", "prefill_held", "replica")
 
-    def __init__(self, replica: Replica, demand: Demand, on_change: Delta, held: bool = True) -> None:
+    def __init__(
+        self, replica: Replica, demand: Demand, on_change: Delta, held: bool = True
+    ) -> None:
         self.replica = replica
         self.demand = demand
         self._on_change = on_change
@@ -116,8 +118,15 @@ class SharedLease(Lease):
 
     __slots__ = ("_lock_", "_res", "_store", "_task", "_ttl_s")
 
-    def __init__(self, replica: Replica, demand: Demand, store: StateStore, res: Reservation,
-                 ttl_s: float, on_change: Delta) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        demand: Demand,
+        store: StateStore,
+        res: Reservation,
+        ttl_s: float,
+        on_change: Delta,
+    ) -> None:
         self._store = store
         self._res: Reservation | None = res
         self._ttl_s = ttl_s
@@ -139,7 +148,9 @@ class SharedLease(Lease):
         async with self._lock:
             if self.closed or self._res is None:
                 return
-            rest = [Claim(c.key, c.amount) for c in self._res.claims if not c.key.endswith(":prefill")]
+            rest = [
+                Claim(c.key, c.amount) for c in self._res.claims if not c.key.endswith(":prefill")
+            ]
             new = await self._store.reserve(rest, self._ttl_s)
             old, self._res = self._res, new.reservation
             await self._store.release(old)

@@ -157,8 +157,12 @@ class ReplicaLive:
         return self._cfg.default_prefill_tokens_per_s
 
     def _stale(self, now: float | None) -> bool:
-        return (self.reading is None or now is None or self.read_at is None
-                or now - self.read_at > self._cfg.stale_after_s)
+        return (
+            self.reading is None
+            or now is None
+            or self.read_at is None
+            or now - self.read_at > self._cfg.stale_after_s
+        )
 
     def _snapshot(self, now: float | None) -> LiveState:
         r = self.reading

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.observability.cells import LockFreeCounter, LockFreeHistogram
 from gateway.admission.livestate import LiveState
+from gateway.observability.cells import LockFreeCounter, LockFreeHistogram
 from gateway.observability.metrics import Children
 from gateway.replicas.registry import Replica
 
@@ -29,26 +29,51 @@ QueueView = Callable[[], Iterable[tuple[str, int, int]]]  # (class, length, toke
 _REPLICA_GAUGES: tuple[tuple[str, str, Callable[[LiveState], float | None]], ...] = (
     ("kv_capacity_tokens", "KV cache capacity in tokens.", lambda s: s.capacity_tokens),
     ("kv_used_tokens", "KV tokens in use per the engine's metrics.", lambda s: s.used_tokens),
-    ("kv_leased_tokens", "KV tokens leased by admitted requests (ledger).", lambda s: s.leased_tokens),
-    ("prefill_backlog_tokens", "Uncached prompt tokens admitted, first token not yet seen.",
-     lambda s: s.prefill_backlog_tokens),
-    ("prefill_tokens_per_second", "Measured (or default) prefill rate.", lambda s: s.prefill_tokens_per_s),
+    (
+        "kv_leased_tokens",
+        "KV tokens leased by admitted requests (ledger).",
+        lambda s: s.leased_tokens,
+    ),
+    (
+        "prefill_backlog_tokens",
+        "Uncached prompt tokens admitted, first token not yet seen.",
+        lambda s: s.prefill_backlog_tokens,
+    ),
+    (
+        "prefill_tokens_per_second",
+        "Measured (or default) prefill rate.",
+        lambda s: s.prefill_tokens_per_s,
+    ),
     ("live_healthy", "1 while live-state polls succeed.", lambda s: 1 if s.healthy else 0),
-    ("live_stale", "1 when the last good reading is older than the staleness bound.",
-     lambda s: 1 if s.stale else 0),
+    (
+        "live_stale",
+        "1 when the last good reading is older than the staleness bound.",
+        lambda s: 1 if s.stale else 0,
+    ),
 )
 
 
 class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.admitted = LockFreeCounter("gateway_admission_admitted", "Requests admitted to a replica, by class.",
-                                ["priority"], registry=registry)
-        self.rejected = Counter("gateway_admission_rejected",
-                                "Requests that left admission without a lease, by class and reason.",
-                                ["priority", "reason"], registry=registry)
-        self.queue_wait = LockFreeHistogram("gateway_admission_queue_wait_seconds",
-                                    "Time spent in the gateway queue before admission, by class.",
-                                    ["priority"], buckets=_WAIT_BUCKETS, registry=registry)
+        self.admitted = LockFreeCounter(
+            "gateway_admission_admitted",
+            "Requests admitted to a replica, by class.",
+            ["priority"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "gateway_admission_rejected",
+            "Requests that left admission without a lease, by class and reason.",
+            ["priority", "reason"],
+            registry=registry,
+        )
+        self.queue_wait = LockFreeHistogram(
+            "gateway_admission_queue_wait_seconds",
+            "Time spent in the gateway queue before admission, by class.",
+            ["priority"],
+            buckets=_WAIT_BUCKETS,
+            registry=registry,
+        )
         self.admitted_by = Children(self.admitted)
         self.queue_wait_by = Children(self.queue_wait)
         self._registry = registry
@@ -70,10 +95,12 @@ class _LiveCollector(Collector):
                 if value is not None:
                     family.add_metric([r.name], float(value))
             yield family
-        length = GaugeMetricFamily("gateway_admission_queue_length", "Requests waiting, by class.",
-                                   labels=["priority"])
-        tokens = GaugeMetricFamily("gateway_admission_queue_tokens", "KV tokens waiting, by class.",
-                                   labels=["priority"])
+        length = GaugeMetricFamily(
+            "gateway_admission_queue_length", "Requests waiting, by class.", labels=["priority"]
+        )
+        tokens = GaugeMetricFamily(
+            "gateway_admission_queue_tokens", "KV tokens waiting, by class.", labels=["priority"]
+        )
         for cls, n, t in self._queue():
             length.add_metric([cls], n)
             tokens.add_metric([cls], t)

@@ -52,8 +52,13 @@ class QueueFull(Exception):
 
 
 class AdmissionQueue(Generic[T]):
-    def __init__(self, classes: tuple[str, ...], max_requests: dict[str, int], max_tokens: dict[str, int],
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        classes: tuple[str, ...],
+        max_requests: dict[str, int],
+        max_tokens: dict[str, int],
+        clock: Callable[[], float],
+    ) -> None:
         self._rank = {c: i for i, c in enumerate(classes)}
         self._max_requests = max_requests
         self._max_tokens = max_tokens
@@ -121,5 +126,7 @@ class AdmissionQueue(Generic[T]):
         now = self._clock()
         if st.last_drain is not None and now > st.last_drain:
             sample = 1.0 / (now - st.last_drain)
-            st.drain_per_s = sample if st.drain_per_s is None else (1 - _EWMA) * st.drain_per_s + _EWMA * sample
+            st.drain_per_s = (
+                sample if st.drain_per_s is None else (1 - _EWMA) * st.drain_per_s + _EWMA * sample
+            )
         st.last_drain = now

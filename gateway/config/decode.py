@@ -100,7 +100,9 @@ def _decode_union(tp: Any, value: Any, path: str, problems: list[str], env: Any)
     return None
 
 
-def _decode_scalar(tp: Any, value: Any, label: str, problems: list[str], env: Any, path: str) -> Any:
+def _decode_scalar(
+    tp: Any, value: Any, label: str, problems: list[str], env: Any, path: str
+) -> Any:
     if tp is bool:
         if not isinstance(value, bool):
             problems.append(f"{label}: expected a boolean, got {value!r}")

@@ -1,10 +1,10 @@
 """Scheduling (routing) configuration: plugins, profiles, and the active policy.
 
     scheduling:
-      policy: default              # a profile name, or a baseline: round-robin | least-load | session-hash
-      plugins:                     # omit for the built-in set (one instance per type, named by type)
+      policy: default   # a profile, or a baseline: round-robin | least-load | session-hash
+      plugins:          # omit for the built-in set (one instance per type, named by type)
         - {name: ttft, type: estimated-ttft, parameters: {smoothing_tokens: 4096}}
-      profiles:                    # omit for the built-in `default` profile
+      profiles:         # omit for the built-in `default` profile
         - name: default
           filters: [healthy, admissible]
           scorers: [{plugin: ttft, weight: 1.0}]
@@ -151,9 +151,14 @@ class SchedulingConfig:
 
 def _check_scalars(cfg: SchedulingConfig) -> list[str]:
     problems: list[str] = []
-    positive = {"block_bytes": cfg.block_bytes, "chars_per_token": cfg.chars_per_token,
-                "index_ttl_s": cfg.index_ttl_s, "default_capacity_tokens": cfg.default_capacity_tokens,
-                "default_prefill_rate": cfg.default_prefill_rate, "max_sessions": cfg.max_sessions}
+    positive = {
+        "block_bytes": cfg.block_bytes,
+        "chars_per_token": cfg.chars_per_token,
+        "index_ttl_s": cfg.index_ttl_s,
+        "default_capacity_tokens": cfg.default_capacity_tokens,
+        "default_prefill_rate": cfg.default_prefill_rate,
+        "max_sessions": cfg.max_sessions,
+    }
     problems += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if not v > 0]
     if cfg.max_rate_spread < 1:
         problems.append(f"max_rate_spread: must be >= 1, got {cfg.max_rate_spread}")

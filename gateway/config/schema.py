@@ -26,7 +26,18 @@ from gateway.config.scheduling import SchedulingConfig
 
 EngineKind = Literal["auto", "vllm", "llamacpp"]
 
-SECRET_FIELDS = frozenset({"api_key", "api_keys", "key", "secret", "password", "isolation_secret", "url_password", "sha256"})
+SECRET_FIELDS = frozenset(
+    {
+        "api_key",
+        "api_keys",
+        "key",
+        "secret",
+        "password",
+        "isolation_secret",
+        "url_password",
+        "sha256",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +186,9 @@ class AuthConfig:
             raise ValueError("enabled: true needs at least one entry in keys")
         unknown = sorted({k.tenant for k in self.keys if k.tenant not in self.tenants})
         if unknown:
-            raise ValueError(f"keys refer to undefined tenants {unknown} (define them under tenants)")
+            raise ValueError(
+                f"keys refer to undefined tenants {unknown} (define them under tenants)"
+            )
         if self.isolation_secret and len(self.isolation_secret) < 16:
             raise ValueError("isolation_secret must be at least 16 characters")
 
@@ -209,10 +222,14 @@ class TokensConfig:
 PRIORITY_CLASSES = ("interactive", "standard", "batch")
 
 
-def _per_class(name: str, given: dict[str, Any], defaults: dict[str, Any], lo: float, hi: float) -> dict[str, Any]:
+def _per_class(
+    name: str, given: dict[str, Any], defaults: dict[str, Any], lo: float, hi: float
+) -> dict[str, Any]:
     unknown = sorted(set(given) - set(PRIORITY_CLASSES))
     if unknown:
-        raise ValueError(f"{name}: unknown priority classes {unknown} (known: {list(PRIORITY_CLASSES)})")
+        raise ValueError(
+            f"{name}: unknown priority classes {unknown} (known: {list(PRIORITY_CLASSES)})"
+        )
     merged = {**defaults, **given}
     for cls, value in merged.items():
         if not lo <= value <= hi:
@@ -249,22 +266,69 @@ class AdmissionConfig:
 
     def __post_init__(self) -> None:
         fix = object.__setattr__
-        fix(self, "watermarks", _per_class("watermarks", self.watermarks,
-                                           {"interactive": 0.92, "standard": 0.85, "batch": 0.70}, 0.01, 1.0))
-        fix(self, "ttft_targets_s", _per_class("ttft_targets_s", self.ttft_targets_s,
-                                               {"interactive": 2.0, "standard": 10.0, "batch": 60.0}, 0.001, 86400))
-        fix(self, "queue_max_requests", _per_class("queue_max_requests", self.queue_max_requests,
-                                                   {"interactive": 256, "standard": 512, "batch": 4096}, 0, 10**7))
-        fix(self, "queue_max_tokens", _per_class("queue_max_tokens", self.queue_max_tokens,
-                                                 {"interactive": 4_000_000, "standard": 8_000_000,
-                                                  "batch": 64_000_000}, 0, 10**12))
-        positive = ("poll_interval_s", "poll_timeout_s", "stale_after_s", "default_prefill_tokens_per_s",
-                    "chars_per_token", "lease_grace_s", "default_output_tokens", "unhealthy_after_failures",
-                    "learned_min_samples")
+        fix(
+            self,
+            "watermarks",
+            _per_class(
+                "watermarks",
+                self.watermarks,
+                {"interactive": 0.92, "standard": 0.85, "batch": 0.70},
+                0.01,
+                1.0,
+            ),
+        )
+        fix(
+            self,
+            "ttft_targets_s",
+            _per_class(
+                "ttft_targets_s",
+                self.ttft_targets_s,
+                {"interactive": 2.0, "standard": 10.0, "batch": 60.0},
+                0.001,
+                86400,
+            ),
+        )
+        fix(
+            self,
+            "queue_max_requests",
+            _per_class(
+                "queue_max_requests",
+                self.queue_max_requests,
+                {"interactive": 256, "standard": 512, "batch": 4096},
+                0,
+                10**7,
+            ),
+        )
+        fix(
+            self,
+            "queue_max_tokens",
+            _per_class(
+                "queue_max_tokens",
+                self.queue_max_tokens,
+                {"interactive": 4_000_000, "standard": 8_000_000, "batch": 64_000_000},
+                0,
+                10**12,
+            ),
+        )
+        positive = (
+            "poll_interval_s",
+            "poll_timeout_s",
+            "stale_after_s",
+            "default_prefill_tokens_per_s",
+            "chars_per_token",
+            "lease_grace_s",
+            "default_output_tokens",
+            "unhealthy_after_failures",
+            "learned_min_samples",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name, low in (("max_engine_waiting", 0), ("max_in_flight", 1), ("unknown_capacity_max_in_flight", 1)):
+        for name, low in (
+            ("max_engine_waiting", 0),
+            ("max_in_flight", 1),
+            ("unknown_capacity_max_in_flight", 1),
+        ):
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")

@@ -40,8 +40,12 @@ _NO_CLIENT = ClientDeadlines()
 _ALL_HEADERS = (DEADLINE_HEADER, TIMEOUT_HEADER, *CLIENT_TIMEOUT_HEADERS)
 
 
-def parse_headers(headers: Mapping[str, str], received_at: float,
-                  wall: Clock = time.time, mono: Clock = time.monotonic) -> ClientDeadlines:
+def parse_headers(
+    headers: Mapping[str, str],
+    received_at: float,
+    wall: Clock = time.time,
+    mono: Clock = time.monotonic,
+) -> ClientDeadlines:
     """Parse the deadline headers of a request (raises `InvalidDeadlineHeader`)."""
     if not any(name in headers for name in _ALL_HEADERS):
         return _NO_CLIENT  # most requests: nothing to parse
@@ -96,4 +100,6 @@ def _parse_seconds(name: str, raw: str) -> float:
 def _bad(name: str, raw: str, expected: str) -> InvalidDeadlineHeader:
     shown = raw if len(raw) <= 64 else raw[:64] + "..."
     canonical = "-".join(part.capitalize() for part in name.split("-"))
-    return InvalidDeadlineHeader(f"Invalid {canonical} header {shown!r}: expected {expected}.", param=name)
+    return InvalidDeadlineHeader(
+        f"Invalid {canonical} header {shown!r}: expected {expected}.", param=name
+    )

@@ -62,7 +62,9 @@ def resolve(ctx: RequestContext, cfg: GatewayConfig) -> Deadline:
     if client.absolute is None and client.relative is None:
         when, source = ctx.received_at + default_s, "policy_default"
     else:
-        explicit = _earliest([(client.absolute, DEADLINE_HEADER), (client.relative, TIMEOUT_HEADER)])
+        explicit = _earliest(
+            [(client.absolute, DEADLINE_HEADER), (client.relative, TIMEOUT_HEADER)]
+        )
         assert explicit is not None
         when, source = explicit
     if ctx.received_at + cap_s < when:
@@ -126,8 +128,9 @@ def timer_deadline(ctx: RequestContext) -> tuple[float, str]:
     return d.at, d.source
 
 
-def upstream_deadline_header(ctx: RequestContext, wall: Clock = time.time,
-                             mono: Clock = time.monotonic) -> str:
+def upstream_deadline_header(
+    ctx: RequestContext, wall: Clock = time.time, mono: Clock = time.monotonic
+) -> str:
     """The absolute `X-Request-Deadline` (Unix seconds) to forward upstream.
 
     A stream must finish by the total deadline; a non-streaming exchange must
@@ -142,7 +145,9 @@ def upstream_deadline_header(ctx: RequestContext, wall: Clock = time.time,
 
 
 def deadline_error(ctx: RequestContext, source: str) -> DeadlineExceeded:
-    err = DeadlineExceeded(f"The request did not finish within its deadline ({source}); stage: {ctx.stage}.")
+    err = DeadlineExceeded(
+        f"The request did not finish within its deadline ({source}); stage: {ctx.stage}."
+    )
     if source in ABSOLUTE_SOURCES:
         # The instant is fixed: an automatic retry (the SDKs retry 5xx) cannot succeed.
         err.should_retry = False

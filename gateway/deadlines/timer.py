@@ -42,8 +42,9 @@ class RequestTimer:
         "phase_what",
     )
 
-    def __init__(self, deadline: float, horizon_s: float = math.inf,
-                 task: asyncio.Task[Any] | None = None) -> None:
+    def __init__(
+        self, deadline: float, horizon_s: float = math.inf, task: asyncio.Task[Any] | None = None
+    ) -> None:
         """`deadline`: the request's bound in loop time (`loop.time()`).
         `horizon_s`: no phase bound will be shorter than this; the timer is
         first armed that far ahead (or at the deadline if earlier), so the

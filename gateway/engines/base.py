@@ -41,8 +41,14 @@ def _status_type(status: int) -> str:
     return "upstream_error"
 
 
-def openai_error(status: int, message: str, *, type_: str | None = None,
-                 param: str | None = None, code: str | None = None) -> GatewayError:
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    type_: str | None = None,
+    param: str | None = None,
+    code: str | None = None,
+) -> GatewayError:
     if code == "context_length_exceeded":
         return ContextLengthExceeded(message, param=param or "messages", status=status)
     err = UpstreamError(message, param=param, code=code, status=status)

@@ -103,7 +103,9 @@ def _vllm_kv(samples: Mapping[str, list[Sample]]) -> tuple[int | None, int | Non
         cap = _engine_capacity(s.labels)
         if cap is not None:
             capacity[s.labels.get("engine", "")] = cap
-    usage = _by_engine(samples.get("vllm:kv_cache_usage_perc") or samples.get("vllm:gpu_cache_usage_perc") or [])
+    usage = _by_engine(
+        samples.get("vllm:kv_cache_usage_perc") or samples.get("vllm:gpu_cache_usage_perc") or []
+    )
     engines = max(len(capacity), len(usage), 1)
     if not capacity:
         return None, None, engines
@@ -136,8 +138,10 @@ def _props_slots(props: Any) -> tuple[int | None, int | None]:
     total = props.get("total_slots")
     settings = props.get("default_generation_settings")
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-    return (total if isinstance(total, int) and total > 0 else None,
-            n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None)
+    return (
+        total if isinstance(total, int) and total > 0 else None,
+        n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None,
+    )
 
 
 def _slot_tokens(slot: Mapping[str, Any]) -> int:
@@ -168,7 +172,9 @@ def parse_llamacpp(props: Any, slots: Any, metrics_text: str | None) -> EngineRe
         waiting=deferred,
         max_in_flight=total_slots,
         prompt_tokens_total=_sum(m, "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens"),
-        generation_tokens_total=_sum(m, "llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted"),
+        generation_tokens_total=_sum(
+            m, "llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted"
+        ),
         prompt_tokens_per_s=_positive(_sum(m, "llamacpp:prompt_tokens_seconds")),
         decode_tokens_per_s=_positive(_sum(m, "llamacpp:predicted_tokens_seconds")),
     )

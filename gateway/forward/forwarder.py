@@ -20,18 +20,17 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
-from gateway.forward import rawbody
-from gateway.config.schema import GatewayConfig
-from gateway.config.schema import TimeoutsConfig
-from gateway.pipeline.context import Exchange, RequestContext
+from gateway.config.schema import GatewayConfig, TimeoutsConfig
 from gateway.deadlines.deadline import upstream_deadline_header
+from gateway.deadlines.timer import phase
 from gateway.engines import adapter_for
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
+from gateway.forward import rawbody
 from gateway.forward.reassemble import StreamAssembler
-from gateway.replicas.registry import Replica
-from gateway.deadlines.timer import phase
 from gateway.forward.sse import SSERelay, usage_from_body
 from gateway.forward.upstream import UpstreamClient, UpstreamResponse
+from gateway.pipeline.context import Exchange, RequestContext
+from gateway.replicas.registry import Replica
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 T = TypeVar("T")
@@ -75,8 +74,11 @@ class Forwarder:
         self._client = client
 
     def upstream_headers(self, ctx: RequestContext, replica: Replica) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
-                   "X-Request-Id": ctx.request_id}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
+            "X-Request-Id": ctx.request_id,
+        }
         if ctx.deadline is not None:
             headers["X-Request-Deadline"] = upstream_deadline_header(ctx)
         for name in FORWARDED_CLIENT_HEADERS:
@@ -86,7 +88,9 @@ class Forwarder:
         headers.update(replica.auth_headers())
         return headers
 
-    def upstream_body(self, ctx: RequestContext, upstream_stream: bool = False) -> tuple[bytes, bool]:
+    def upstream_body(
+        self, ctx: RequestContext, upstream_stream: bool = False
+    ) -> tuple[bytes, bool]:
         """The body to send, and whether the gateway added `include_usage` itself."""
         req = ctx.request
         assert req is not None
@@ -100,7 +104,9 @@ class Forwarder:
             injected = True
         if ctx.output_limit is not None:
             body = dict(body)
-            adapter_for(ctx.replica.kind if ctx.replica else "unknown").set_output_limit(body, ctx.output_limit)
+            adapter_for(ctx.replica.kind if ctx.replica else "unknown").set_output_limit(
+                body, ctx.output_limit
+            )
         data = rawbody.spliced(req.raw, req.original, body)
         return (rawbody.encode(body) if data is None else data), injected
 
@@ -117,7 +123,9 @@ class Forwarder:
             ctx.exchange = None
             raise
 
-    async def _exchange(self, ctx: RequestContext, exchange: Exchange, replica: Replica, send: Send) -> None:
+    async def _exchange(
+        self, ctx: RequestContext, exchange: Exchange, replica: Replica, send: Send
+    ) -> None:
         req = ctx.request
         assert req is not None
         adapter = adapter_for(replica.kind)
@@ -127,12 +135,16 @@ class Forwarder:
         url = replica.url + PATHS[req.endpoint]
         timeouts = self._timeouts(ctx)
         reuse = adapter.reuse_after_stream or not upstream_stream
-        post = self._client.post(url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse)
+        post = self._client.post(
+            url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse
+        )
         head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
         async with contextlib.AsyncExitStack() as stack:
             # The head timeout bounds only the entry (a failed or cancelled
             # entry frees its connection itself).
-            resp = await _timed(ctx, stack.enter_async_context(post), head_timeout, "response headers")
+            resp = await _timed(
+                ctx, stack.enter_async_context(post), head_timeout, "response headers"
+            )
             exchange.status = resp.status
             if resp.status != 200:
                 await self._raise_engine_error(ctx, replica, resp)
@@ -143,18 +155,27 @@ class Forwarder:
             else:
                 await self._relay_body(ctx, exchange, resp, send)
 
-    async def _raise_engine_error(self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse) -> None:
+    async def _raise_engine_error(
+        self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse
+    ) -> None:
         raw = await _timed(ctx, resp.read_all(), self._timeouts(ctx).idle_s, "error body")
         err = adapter_for(replica.kind).normalize_error(resp.status, raw)
         if resp.status == 503:
             # The engine refused before starting (busy, loading): provably not started.
-            retry = UpstreamNeverReached(err.message, status=503, code=err.code or "engine_unavailable")
+            retry = UpstreamNeverReached(
+                err.message, status=503, code=err.code or "engine_unavailable"
+            )
             retry.type = err.type
             raise retry
         raise err
 
-    def _start_message(self, ctx: RequestContext, content_type: str, extra: list[tuple[bytes, bytes]],
-                       length: int | None = None) -> dict[str, Any]:
+    def _start_message(
+        self,
+        ctx: RequestContext,
+        content_type: str,
+        extra: list[tuple[bytes, bytes]],
+        length: int | None = None,
+    ) -> dict[str, Any]:
         headers = [(b"content-type", content_type.encode("latin-1")), *extra]
         if length is not None:
             headers.append((b"content-length", b"%d" % length))
@@ -176,8 +197,14 @@ class Forwarder:
             headers.append((name.encode("latin-1"), value.encode("latin-1")))
         return headers
 
-    async def _relay_stream(self, ctx: RequestContext, exchange: Exchange, resp: UpstreamResponse,
-                            send: Send, injected: bool) -> None:
+    async def _relay_stream(
+        self,
+        ctx: RequestContext,
+        exchange: Exchange,
+        resp: UpstreamResponse,
+        send: Send,
+        injected: bool,
+    ) -> None:
         timeouts = self._timeouts(ctx)
         relay = SSERelay(drop_usage_only_chunk=injected)
         chunk = await _timed(ctx, resp.read_chunk(), timeouts.first_byte_s, "first token")
@@ -195,8 +222,14 @@ class Forwarder:
             exchange.usage = relay.usage
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _reassemble(self, ctx: RequestContext, exchange: Exchange, replica: Replica,
-                          resp: UpstreamResponse, send: Send) -> None:
+    async def _reassemble(
+        self,
+        ctx: RequestContext,
+        exchange: Exchange,
+        replica: Replica,
+        resp: UpstreamResponse,
+        send: Send,
+    ) -> None:
         """Non-streaming answer rebuilt from an upstream stream (see gateway.forward.reassemble)."""
         timeouts = self._timeouts(ctx)
         assert ctx.request is not None
@@ -211,16 +244,21 @@ class Forwarder:
         if assembler.error is not None:
             body = json.dumps({"error": assembler.error}).encode()
             status = assembler.error.get("code")
-            raise adapter_for(replica.kind).normalize_error(status if isinstance(status, int) else 500, body)
+            raise adapter_for(replica.kind).normalize_error(
+                status if isinstance(status, int) else 500, body
+            )
         body = json.dumps(assembler.body(), ensure_ascii=False, separators=(",", ":")).encode()
         await send(self._start_message(ctx, "application/json", [], len(body)))
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _relay_body(self, ctx: RequestContext, exchange: Exchange, resp: UpstreamResponse,
-                          send: Send) -> None:
+    async def _relay_body(
+        self, ctx: RequestContext, exchange: Exchange, resp: UpstreamResponse, send: Send
+    ) -> None:
         body = resp.complete_body()  # a small body often arrives with the head
         if body is None:
-            body = await _timed(ctx, resp.read_all(1 << 30), self._timeouts(ctx).idle_s, "body (idle gap)")
+            body = await _timed(
+                ctx, resp.read_all(1 << 30), self._timeouts(ctx).idle_s, "body (idle gap)"
+            )
         _first_byte(ctx, exchange, prefill_done=False)
         exchange.usage = usage_from_body(body)
         await send(self._start_message(ctx, resp.content_type, [], len(body)))

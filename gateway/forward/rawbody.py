@@ -26,7 +26,9 @@ def _same(before: Any, after: Any) -> bool:
     return kind is type(before) and kind in (int, str, bool) and before == after
 
 
-def spliced(raw: bytes | None, original: dict[str, Any] | None, final: dict[str, Any]) -> bytes | None:
+def spliced(
+    raw: bytes | None, original: dict[str, Any] | None, final: dict[str, Any]
+) -> bytes | None:
     """`raw` with the top-level keys `final` adds to `original`; None when `final`
     changes or drops a key of `original` (values compared by identity: stages
     assign new values, they never mutate nested ones)."""

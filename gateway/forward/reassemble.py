@@ -114,19 +114,33 @@ class StreamAssembler:
     def _render(self, c: _Choice, chat: bool) -> dict[str, Any]:
         logprobs = {"content": c.logprobs} if c.logprobs else None
         if not chat:
-            return {"index": c.index, "text": "".join(c.text), "logprobs": logprobs,
-                    "finish_reason": c.finish_reason}
-        message: dict[str, Any] = {"role": c.role, "content": "".join(c.text) if c.text or not c.tool_calls else None}
+            return {
+                "index": c.index,
+                "text": "".join(c.text),
+                "logprobs": logprobs,
+                "finish_reason": c.finish_reason,
+            }
+        message: dict[str, Any] = {
+            "role": c.role,
+            "content": "".join(c.text) if c.text or not c.tool_calls else None,
+        }
         if c.reasoning:
             message["reasoning_content"] = "".join(c.reasoning)
         if c.tool_calls:
             message["tool_calls"] = [c.tool_calls[i] for i in sorted(c.tool_calls)]
-        return {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason}
+        return {
+            "index": c.index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+        }
 
 
 def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:
     index = delta.get("index", len(calls))
-    call = calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    call = calls.setdefault(
+        index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+    )
     if isinstance(delta.get("id"), str):
         call["id"] = delta["id"]
     if isinstance(delta.get("type"), str):

@@ -105,7 +105,7 @@ def usage_from_body(body: bytes) -> dict[str, Any] | None:
     if pos < 0:
         return None
     try:
-        rest = body[pos + len(_USAGE):].decode("utf-8").lstrip()
+        rest = body[pos + len(_USAGE) :].decode("utf-8").lstrip()
         if rest[:1] == ":":
             rest = rest[1:].lstrip()
         value, _ = _DECODER.raw_decode(rest)

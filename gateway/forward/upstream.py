@@ -94,22 +94,35 @@ def _translate(url: str, exc: HTTPClientError) -> UpstreamUnavailable:
 class _Post(AbstractAsyncContextManager[UpstreamResponse]):
     __slots__ = ("_data", "_headers", "_pool", "_resp", "_reuse", "_timeout", "_url")
 
-    def __init__(self, pool: Pool, url: str, headers: Mapping[str, str], data: bytes, timeout: float,
-                 reuse: bool) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        url: str,
+        headers: Mapping[str, str],
+        data: bytes,
+        timeout: float,
+        reuse: bool,
+    ) -> None:
         self._pool, self._url, self._headers, self._data = pool, url, headers, data
         self._timeout, self._reuse = timeout, reuse
         self._resp: Response | None = None
 
     async def __aenter__(self) -> UpstreamResponse:
         try:
-            resp = await self._pool.request("POST", self._url, self._headers, self._data, self._timeout)
+            resp = await self._pool.request(
+                "POST", self._url, self._headers, self._data, self._timeout
+            )
         except HTTPClientError as exc:
             raise _translate(self._url, exc) from exc
         self._resp = resp
         return UpstreamResponse(resp)
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._resp is not None:
             self._resp.release(self._reuse)
             self._resp = None
@@ -122,7 +135,9 @@ class UpstreamClient:
 
     async def start(self) -> None:
         cfg = self._cfg
-        self._pool = Pool(cfg.max_connections, cfg.max_connections_per_replica, cfg.keepalive_timeout_s)
+        self._pool = Pool(
+            cfg.max_connections, cfg.max_connections_per_replica, cfg.keepalive_timeout_s
+        )
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -136,7 +151,11 @@ class UpstreamClient:
         return self._pool
 
     def post(
-        self, url: str, headers: Mapping[str, str], data: bytes, connect_timeout: float,
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        data: bytes,
+        connect_timeout: float,
         reuse: bool = True,
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
         """POST and yield the response once headers arrive; closes the connection
@@ -145,17 +164,23 @@ class UpstreamClient:
         its side after every streamed response while still advertising keep-alive)."""
         return _Post(self.pool, url, headers, data, connect_timeout, reuse)
 
-    async def get(self, url: str, timeout: float, headers: Mapping[str, str] | None = None) -> SmallResponse:
+    async def get(
+        self, url: str, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> SmallResponse:
         """A small bounded GET for health checks and metrics polls."""
         return await self._small("GET", url, None, timeout, dict(headers or {}))
 
-    async def post_json_small(self, url: str, data: bytes, timeout: float,
-                              headers: Mapping[str, str] | None = None) -> SmallResponse:
+    async def post_json_small(
+        self, url: str, data: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> SmallResponse:
         """A small bounded POST (e.g. an engine's /tokenize)."""
-        return await self._small("POST", url, data, timeout, {"Content-Type": "application/json", **(headers or {})})
+        return await self._small(
+            "POST", url, data, timeout, {"Content-Type": "application/json", **(headers or {})}
+        )
 
-    async def _small(self, method: str, url: str, data: bytes | None, timeout: float,
-                     headers: dict[str, str]) -> SmallResponse:
+    async def _small(
+        self, method: str, url: str, data: bytes | None, timeout: float, headers: dict[str, str]
+    ) -> SmallResponse:
         """Connect within `timeout` (→ UpstreamNeverReached), and have the whole
         exchange done within it (→ UpstreamUnavailable; so is a body over
         8 MiB). A stale pooled connection is retried once, on the next idle or
@@ -179,7 +204,9 @@ class UpstreamClient:
             except HTTPClientError as exc:
                 raise _translate(url, exc) from exc
             except TimeoutError as exc:
-                raise UpstreamUnavailable(f"{method} {url} failed: no answer within {timeout:g} s") from exc
+                raise UpstreamUnavailable(
+                    f"{method} {url} failed: no answer within {timeout:g} s"
+                ) from exc
         raise AssertionError("unreachable")
 
 

@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-__all__ = ["DISCONNECT_EXTENSION", "ASGIApp", "ClientDisconnected", "Message", "Receive", "Scope",
-           "Send"]
+__all__ = [
+    "DISCONNECT_EXTENSION",
+    "ASGIApp",
+    "ClientDisconnected",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -33,8 +33,17 @@ from gateway.http.client_conn import (
 )
 from gateway.http.target import Target, encode_request
 
-__all__ = ["Conn", "ConnectFailed", "ConnectionBroken", "HTTPClientError", "Pool", "Response",
-           "StaleConnection", "Target", "encode_request"]
+__all__ = [
+    "Conn",
+    "ConnectFailed",
+    "ConnectionBroken",
+    "HTTPClientError",
+    "Pool",
+    "Response",
+    "StaleConnection",
+    "Target",
+    "encode_request",
+]
 
 DNS_TTL_S: Final = 10.0
 _MAX_TARGETS: Final = 1024
@@ -118,8 +127,9 @@ class Pool:
     idle connection of its key, evicts an idle one of another key, or waits
     FIFO for one, bounded by its connect timeout."""
 
-    def __init__(self, max_connections: int, max_per_key: int = 0,
-                 keepalive_s: float = 4.0) -> None:
+    def __init__(
+        self, max_connections: int, max_per_key: int = 0, keepalive_s: float = 4.0
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._max = max_connections
         self._max_per_key = max_per_key
@@ -147,8 +157,14 @@ class Pool:
             t = self._targets[url] = Target(url)
         return t
 
-    async def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
-                      connect_timeout: float) -> Response:
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        connect_timeout: float,
+    ) -> Response:
         """Send and wait for the response head (the caller bounds that wait)."""
         target = self.target(url)
         data = encode_request(method, target, headers, body)
@@ -272,7 +288,8 @@ class Pool:
             else:
                 which = f"max_connections={self._max}"
             raise ConnectFailed(
-                f"no free upstream connection within {timeout:g} s ({which} reached)")
+                f"no free upstream connection within {timeout:g} s ({which} reached)"
+            )
         if got is _CLOSED:
             raise RuntimeError("the HTTP client is closed")
         return cast(Conn | None, got)
@@ -338,8 +355,12 @@ class Pool:
                 for host in hosts:
                     try:
                         _, conn = await loop.create_connection(
-                            lambda: Conn(self, key), host, target.port,
-                            ssl=tls, server_hostname=target.host if tls else None)
+                            lambda: Conn(self, key),
+                            host,
+                            target.port,
+                            ssl=tls,
+                            server_hostname=target.host if tls else None,
+                        )
                         break
                     except OSError as exc:
                         error = exc

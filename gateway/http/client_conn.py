@@ -127,8 +127,15 @@ class Conn(asyncio.Protocol):
             self.transport.abort()
 
     def reusable(self) -> bool:
-        return (self.body_done and self.keep_alive and self.error is None and not self.unwritten
-                and not self.dead and not self.buf and not self.paused)
+        return (
+            self.body_done
+            and self.keep_alive
+            and self.error is None
+            and not self.unwritten
+            and not self.dead
+            and not self.buf
+            and not self.paused
+        )
 
     # -- the exchange, driven by the reading task --------------------------------
 
@@ -241,7 +248,8 @@ class Conn(asyncio.Protocol):
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()
         self.framed = self.keep_alive or any(
-            k.lower() in (b"content-length", b"transfer-encoding") for k, _ in self.headers)
+            k.lower() in (b"content-length", b"transfer-encoding") for k, _ in self.headers
+        )
         self.head_done = True
         self.wake()
 

@@ -41,8 +41,9 @@ log = logging.getLogger("gateway.http.server")
 MAX_HEAD: Final = 64 * 1024  # request line + headers
 MAX_PIPELINE: Final = 32  # queued requests per connection; beyond, the connection closes after them
 LINGER_S: Final = 2.0  # input is discarded this long after an answer that leaves input unread
-_METHODS: Final = {m.encode(): m
-                   for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+_METHODS: Final = {
+    m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")
+}
 _TOO_LARGE: Final = "Request line and headers too large."
 _TOO_LARGE_CODE: Final = "request_headers_too_large"
 
@@ -69,11 +70,31 @@ def _addr(info: Any) -> tuple[str, int] | None:
 
 
 class HttpConnection(asyncio.Protocol):
-    __slots__ = ("_client", "_closed", "_current", "_deferred_error", "_drain", "_expect", "_fresh",
-                 "_head_lower", "_head_upper", "_headers", "_idle_since", "_idle_timer", "_parser",
-                 "_parsing", "_queue", "_read_paused", "_server", "_stopped", "_transport", "_url",
-                 "loop", "state",
-                 "write_paused")
+    __slots__ = (
+        "_client",
+        "_closed",
+        "_current",
+        "_deferred_error",
+        "_drain",
+        "_expect",
+        "_fresh",
+        "_head_lower",
+        "_head_upper",
+        "_headers",
+        "_idle_since",
+        "_idle_timer",
+        "_parser",
+        "_parsing",
+        "_queue",
+        "_read_paused",
+        "_server",
+        "_stopped",
+        "_transport",
+        "_url",
+        "loop",
+        "state",
+        "write_paused",
+    )
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
@@ -189,10 +210,12 @@ class HttpConnection(asyncio.Protocol):
             # The parser would take a body for upgraded bytes: refuse one; serve the rest,
             # then close.
             if method_b != b"CONNECT" and any(
-                    n in (b"content-length", b"transfer-encoding") and v.strip() != b"0"
-                    for n, v in headers):
-                raise _Reject(400, "An Upgrade request with a body is not supported.",
-                              "upgrade_with_body")
+                n in (b"content-length", b"transfer-encoding") and v.strip() != b"0"
+                for n, v in headers
+            ):
+                raise _Reject(
+                    400, "An Upgrade request with a body is not supported.", "upgrade_with_body"
+                )
             keep_alive = False
         if url[:1] == b"/" and b"#" not in url:
             raw_path, _, query = url.partition(b"?")
@@ -226,8 +249,14 @@ class HttpConnection(asyncio.Protocol):
         queue = self._queue
         if self._current is not None and queue is not None and len(queue) >= MAX_PIPELINE:
             raise _Reject(0, "too many pipelined requests")  # (answered up to here, then closed)
-        exchange = Exchange(self, self._transport, scope, keep_alive, version == "1.0",
-                            self._expect and version != "1.0")
+        exchange = Exchange(
+            self,
+            self._transport,
+            scope,
+            keep_alive,
+            version == "1.0",
+            self._expect and version != "1.0",
+        )
         self._expect = False
         self._parsing = exchange
         if self._current is None:

@@ -37,8 +37,13 @@ from gateway.http.asgi import DISCONNECT_EXTENSION, ASGIApp, ClientDisconnected,
 from gateway.http.responses import STATUS_LINES, error_response
 from gateway.http.server_state import ServerState
 
-__all__ = ["BODY_HIGH_WATER", "DISCONNECT_EXTENSION", "ClientDisconnected", "Connection",
-           "Exchange"]
+__all__ = [
+    "BODY_HIGH_WATER",
+    "DISCONNECT_EXTENSION",
+    "ClientDisconnected",
+    "Connection",
+    "Exchange",
+]
 
 log = logging.getLogger("gateway.http.server")
 
@@ -88,13 +93,39 @@ class Connection(Protocol):
 class Exchange:
     """One request and its response: the ASGI `receive` and `send` of one app call."""
 
-    __slots__ = ("body_flush", "buffered", "chunks", "complete", "conn", "disconnected",
-                 "expect_continue", "final_given", "head", "head_sent", "http10", "keep_alive",
-                 "mode", "more_body", "remaining", "scope", "started", "task", "transport",
-                 "waiter", "watchers")
+    __slots__ = (
+        "body_flush",
+        "buffered",
+        "chunks",
+        "complete",
+        "conn",
+        "disconnected",
+        "expect_continue",
+        "final_given",
+        "head",
+        "head_sent",
+        "http10",
+        "keep_alive",
+        "mode",
+        "more_body",
+        "remaining",
+        "scope",
+        "started",
+        "task",
+        "transport",
+        "waiter",
+        "watchers",
+    )
 
-    def __init__(self, conn: Connection, transport: asyncio.Transport, scope: Scope,
-                 keep_alive: bool, http10: bool, expect_continue: bool) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        transport: asyncio.Transport,
+        scope: Scope,
+        keep_alive: bool,
+        http10: bool,
+        expect_continue: bool,
+    ) -> None:
         self.conn = conn
         self.transport = transport
         self.scope = scope
@@ -291,8 +322,10 @@ class Exchange:
             n = len(body)
             if n > self.remaining or (not more and n < self.remaining):
                 self._broken()
-                raise RuntimeError(f"Response body {'longer' if n > self.remaining else 'shorter'} "
-                                   "than its content-length.")
+                raise RuntimeError(
+                    f"Response body {'longer' if n > self.remaining else 'shorter'} "
+                    "than its content-length."
+                )
             self.remaining -= n
             data = body
         elif mode == _CHUNKED:
@@ -358,15 +391,21 @@ class Exchange:
             if self.disconnected:
                 log.debug("ASGI app error after the client disconnected: %r", exc)
             else:
-                log.error("Exception in ASGI application (%s %s)",
-                          self.scope["method"], self.scope["path"],
-                          exc_info=exc)
+                log.error(
+                    "Exception in ASGI application (%s %s)",
+                    self.scope["method"],
+                    self.scope["path"],
+                    exc_info=exc,
+                )
             self._abandon()
         else:
             if not self.complete:
                 if not self.disconnected:
-                    log.error("ASGI app returned without completing the response (%s %s)",
-                              self.scope["method"], self.scope["path"])
+                    log.error(
+                        "ASGI app returned without completing the response (%s %s)",
+                        self.scope["method"],
+                        self.scope["path"],
+                    )
                 self._abandon()
         finally:
             if self.task is not None:
@@ -390,6 +429,13 @@ class Exchange:
         if not self.head_sent and not self.disconnected:
             self.head = None
             state = self.conn.state
-            self.transport.write(error_response(state.render_error, 500, "Internal server error",
-                                                "internal_error", state.date_line))
+            self.transport.write(
+                error_response(
+                    state.render_error,
+                    500,
+                    "Internal server error",
+                    "internal_error",
+                    state.date_line,
+                )
+            )
         self.conn.response_done(self)

@@ -45,8 +45,9 @@ def json_error(status: int, message: str, code: str | None) -> tuple[RawHeaders,
     return [(b"content-type", b"application/json")], body
 
 
-def error_response(render: ErrorRenderer, status: int, message: str, code: str | None,
-                   date_line: bytes) -> bytes:
+def error_response(
+    render: ErrorRenderer, status: int, message: str, code: str | None, date_line: bytes
+) -> bytes:
     """A complete `connection: close` answer whose headers and body `render` chose."""
     try:
         headers, body = render(status, message, code)
@@ -56,6 +57,12 @@ def error_response(render: ErrorRenderer, status: int, message: str, code: str |
     parts = [STATUS_LINES[status]]
     for name, value in headers:
         parts += (name, b": ", value, b"\r\n")
-    parts += (b"content-length: ", str(len(body)).encode(), b"\r\nconnection: close\r\n",
-              date_line, b"\r\n", body)
+    parts += (
+        b"content-length: ",
+        str(len(body)).encode(),
+        b"\r\nconnection: close\r\n",
+        date_line,
+        b"\r\n",
+        body,
+    )
     return b"".join(parts)

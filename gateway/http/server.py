@@ -74,8 +74,11 @@ class _Lifespan:
         await self._stopped.wait()
 
     async def _main(self) -> None:
-        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"},
-                 "state": self.state}
+        scope = {
+            "type": "lifespan",
+            "asgi": {"version": "3.0", "spec_version": "2.0"},
+            "state": self.state,
+        }
         try:
             await self._app(scope, self._queue.get, self._send)
         except BaseException as exc:
@@ -106,9 +109,17 @@ class _Lifespan:
 class LeanServer:
     """Serve one ASGI app on one listening socket (see the module doc)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 8080, *,
-                 idle_timeout: float = 5.0, graceful_timeout: float = 2.0, backlog: int = 2048,
-                 render_error: ErrorRenderer = json_error) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        *,
+        idle_timeout: float = 5.0,
+        graceful_timeout: float = 2.0,
+        backlog: int = 2048,
+        render_error: ErrorRenderer = json_error,
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port
@@ -144,11 +155,14 @@ class LeanServer:
             if sockets is not None:
                 for sock in sockets:
                     servers.append(
-                        await loop.create_server(factory, sock=sock, backlog=self.backlog))
+                        await loop.create_server(factory, sock=sock, backlog=self.backlog)
+                    )
             else:
-                servers.append(await loop.create_server(factory, self.host, self.port,
-                                                        backlog=self.backlog,
-                                                        reuse_address=True))
+                servers.append(
+                    await loop.create_server(
+                        factory, self.host, self.port, backlog=self.backlog, reuse_address=True
+                    )
+                )
         except OSError as exc:
             log.error("cannot listen on %s:%s: %s", self.host, self.port, exc)
             for srv in servers:
@@ -186,8 +200,11 @@ class LeanServer:
         while (state.connections or state.tasks) and not self.force_exit and loop.time() < deadline:
             await asyncio.sleep(0.02)
         if state.tasks:
-            log.warning("cancelling %d request(s) still running after the %.1fs grace period",
-                        len(state.tasks), self.graceful_timeout)
+            log.warning(
+                "cancelling %d request(s) still running after the %.1fs grace period",
+                len(state.tasks),
+                self.graceful_timeout,
+            )
             for task in list(state.tasks):
                 task.cancel()
         for conn in list(state.connections):

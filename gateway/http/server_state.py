@@ -19,11 +19,25 @@ class Closable(Protocol):
 class ServerState:
     """What all connections of one server share."""
 
-    __slots__ = ("app", "app_state", "connections", "date_line", "idle_timeout", "loop",
-                 "render_error", "shutting_down", "tasks")
+    __slots__ = (
+        "app",
+        "app_state",
+        "connections",
+        "date_line",
+        "idle_timeout",
+        "loop",
+        "render_error",
+        "shutting_down",
+        "tasks",
+    )
 
-    def __init__(self, app: ASGIApp, loop: asyncio.AbstractEventLoop, idle_timeout: float,
-                 render_error: ErrorRenderer) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        loop: asyncio.AbstractEventLoop,
+        idle_timeout: float,
+        render_error: ErrorRenderer,
+    ) -> None:
         self.app = app
         self.loop = loop
         self.idle_timeout = idle_timeout

@@ -140,8 +140,14 @@ class _Protocol(HttpToolsProtocol):
 
 def _make_server(listener: Listener, log_level: str) -> uvicorn.Server | LeanServer:
     if listener.server == "lean":
-        return LeanServer(listener.app, listener.host, listener.port, idle_timeout=5.0,
-                          graceful_timeout=2.0, render_error=listener.render_error)
+        return LeanServer(
+            listener.app,
+            listener.host,
+            listener.port,
+            idle_timeout=5.0,
+            graceful_timeout=2.0,
+            render_error=listener.render_error,
+        )
     config = uvicorn.Config(
         listener.app,
         host=listener.host,
@@ -233,8 +239,10 @@ class BackgroundServers:
                 sock.close()
 
     async def _serve(self) -> None:
-        tasks = [asyncio.create_task(s.serve(sockets=[sock]))
-                 for s, sock in zip(self._servers, self._sockets, strict=True)]
+        tasks = [
+            asyncio.create_task(s.serve(sockets=[sock]))
+            for s, sock in zip(self._servers, self._sockets, strict=True)
+        ]
         try:
             await asyncio.gather(*tasks)
         finally:

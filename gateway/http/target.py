@@ -35,8 +35,9 @@ class Target:
             self.literal = False
 
 
-def encode_request(method: str, target: Target, headers: Mapping[str, str],
-                   body: bytes | None) -> bytes:
+def encode_request(
+    method: str, target: Target, headers: Mapping[str, str], body: bytes | None
+) -> bytes:
     """Request line, `Host`, `Content-Length` (when there is a body), the
     caller's headers verbatim, and the body: one buffer, one write."""
     block = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])

@@ -14,11 +14,12 @@ import hashlib
 import hmac
 
 from gateway.config.schema import AuthConfig, TenantConfig
-from gateway.pipeline.context import RequestContext
 from gateway.errors import Unauthorized
+from gateway.pipeline.context import RequestContext
 
 _NO_KEY = (
-    "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' (or the 'x-api-key' header)."
+    "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
+    "(or the 'x-api-key' header)."
 )
 _BAD_KEY = "Incorrect API key provided."
 

@@ -76,7 +76,9 @@ def _canonical_encoder() -> Callable[[Any], str]:
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # no C accelerator (other Pythons)
         return fallback
-    encode_chunks = make(None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True)
+    encode_chunks = make(
+        None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True
+    )
 
     def canonical(obj: Any) -> str:
         return "".join(encode_chunks(obj, 0))
@@ -152,7 +154,9 @@ def _output_limit(body: dict[str, Any]) -> tuple[int | None, str | None]:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _type_error(name, "an integer", value)
         if value < 0 and not (name == "n_predict" and value == -1):
-            raise BadRequest(f"'{name}' must be >= 0, got {value}.", param=name, code="invalid_value")
+            raise BadRequest(
+                f"'{name}' must be >= 0, got {value}.", param=name, code="invalid_value"
+            )
         if value >= 0:
             return value, name
     return None, None
@@ -180,8 +184,17 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         if body.get(name) is not None and not isinstance(body[name], str):
             raise _type_error(name, "a string", body[name])
     requested, field_name = _output_limit(body)
-    return ParsedRequest(endpoint, body, model, stream, wants_usage, requested, field_name,
-                         raw if forwardable else None, dict(body))
+    return ParsedRequest(
+        endpoint,
+        body,
+        model,
+        stream,
+        wants_usage,
+        requested,
+        field_name,
+        raw if forwardable else None,
+        dict(body),
+    )
 
 
 def prompt_parts(req: ParsedRequest) -> list[str]:
@@ -226,7 +239,9 @@ def _render_parts(req: ParsedRequest) -> list[str]:
     return out
 
 
-_ROLE_MARKS = {role: f"<|{role}|>" for role in ("system", "developer", "user", "assistant", "tool", "function")}
+_ROLE_MARKS = {
+    role: f"<|{role}|>" for role in ("system", "developer", "user", "assistant", "tool", "function")
+}
 
 
 def _content_parts(content: Any) -> Iterator[str]:

@@ -19,8 +19,9 @@ class Ingress:
     def process(self, ctx: RequestContext, raw: bytes) -> None:
         endpoint: Endpoint = "chat" if ctx.endpoint == "chat" else "completions"
         request = parse_request(endpoint, raw)
-        ctx.parsed = Parsed(request, self._session_key(ctx, request),
-                            parse_headers(ctx.headers, ctx.received_at))
+        ctx.parsed = Parsed(
+            request, self._session_key(ctx, request), parse_headers(ctx.headers, ctx.received_at)
+        )
 
     def _session_key(self, ctx: RequestContext, request: ParsedRequest) -> str | None:
         for name in self._cfg.sessions.headers:

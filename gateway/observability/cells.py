@@ -55,8 +55,13 @@ class Buckets:
 
 
 class _Labelled(Collector):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 registry: CollectorRegistry | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry | None,
+    ) -> None:
         self._name = name
         self._doc = documentation
         self._labelnames = tuple(labelnames)
@@ -76,8 +81,13 @@ class _Labelled(Collector):
 
 
 class LockFreeCounter(_Labelled):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (),
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self._cells: dict[tuple[str, ...], Cell] = {}
         super().__init__(name, documentation, labelnames, registry)
         # An unlabelled metric is exposed (as 0) from the start, and its one
@@ -114,8 +124,14 @@ class LockFreeGauge(LockFreeCounter):
 
 
 class LockFreeHistogram(_Labelled):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self._bounds = tuple(sorted(float(b) for b in buckets if b != float("inf")))
         self._children: dict[tuple[str, ...], Buckets] = {}
         super().__init__(name, documentation, labelnames, registry)

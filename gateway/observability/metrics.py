@@ -41,6 +41,7 @@ class Children(Generic[M_co]):
             child = self._cache[values] = self._metric.labels(*values)
         return child
 
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -48,31 +49,71 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = LockFreeCounter("gateway_requests", "Requests finished, by task and outcome.",
-                                ["task", "outcome"], registry=r)
-        self.duration = LockFreeHistogram("gateway_request_duration_seconds",
-                                  "Time from receipt to last byte, by task and outcome.",
-                                  ["task", "outcome"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttfb = LockFreeHistogram("gateway_time_to_first_byte_seconds",
-                              "Time from receipt to the first response byte sent to the client.",
-                              ["task"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.upstream_attempts = LockFreeCounter("gateway_upstream_attempts", "Upstream attempts by replica and result.",
-                                         ["replica", "result"], registry=r)
-        self.cancellations = Counter("gateway_cancellations", "Requests whose client went away, by stage.",
-                                     ["stage"], registry=r)
-        self.in_flight = LockFreeGauge("gateway_in_flight_requests", "Requests being processed.", registry=r)
-        self.admitted = LockFreeCounter("gateway_requests_admitted",
-                                "Requests that entered the pipeline; equals the sum of gateway_requests_total "
-                                "(finished + cancelled + failed) once they settle.", registry=r)
-        self.deadline_exceeded = Counter("gateway_deadline_exceeded", "Requests stopped by their deadline, by stage.",
-                                         ["stage"], registry=r)
+        self.requests = LockFreeCounter(
+            "gateway_requests",
+            "Requests finished, by task and outcome.",
+            ["task", "outcome"],
+            registry=r,
+        )
+        self.duration = LockFreeHistogram(
+            "gateway_request_duration_seconds",
+            "Time from receipt to last byte, by task and outcome.",
+            ["task", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = LockFreeHistogram(
+            "gateway_time_to_first_byte_seconds",
+            "Time from receipt to the first response byte sent to the client.",
+            ["task"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_attempts = LockFreeCounter(
+            "gateway_upstream_attempts",
+            "Upstream attempts by replica and result.",
+            ["replica", "result"],
+            registry=r,
+        )
+        self.cancellations = Counter(
+            "gateway_cancellations",
+            "Requests whose client went away, by stage.",
+            ["stage"],
+            registry=r,
+        )
+        self.in_flight = LockFreeGauge(
+            "gateway_in_flight_requests", "Requests being processed.", registry=r
+        )
+        self.admitted = LockFreeCounter(
+            "gateway_requests_admitted",
+            "Requests that entered the pipeline; equals the sum of gateway_requests_total "
+            "(finished + cancelled + failed) once they settle.",
+            registry=r,
+        )
+        self.deadline_exceeded = Counter(
+            "gateway_deadline_exceeded",
+            "Requests stopped by their deadline, by stage.",
+            ["stage"],
+            registry=r,
+        )
         self.requests_by = Children(self.requests)
         self.duration_by = Children(self.duration)
         self.ttfb_by = Children(self.ttfb)
         self.attempts_by = Children(self.upstream_attempts)
-        Info("gateway_build", "The running gateway: version, and whether its request path is compiled.",
-             registry=r).info({"version": __version__, "compiled": "true" if buildinfo.compiled() else "false"})
-        self.replica_healthy = Gauge("gateway_replica_healthy", "1 when the replica passes health checks.",
-                                     ["replica"], registry=r)
-        self.replica_in_flight = Gauge("gateway_replica_in_flight", "Requests forwarded to the replica.",
-                                       ["replica"], registry=r)
+        Info(
+            "gateway_build",
+            "The running gateway: version, and whether its request path is compiled.",
+            registry=r,
+        ).info({"version": __version__, "compiled": "true" if buildinfo.compiled() else "false"})
+        self.replica_healthy = Gauge(
+            "gateway_replica_healthy",
+            "1 when the replica passes health checks.",
+            ["replica"],
+            registry=r,
+        )
+        self.replica_in_flight = Gauge(
+            "gateway_replica_in_flight",
+            "Requests forwarded to the replica.",
+            ["replica"],
+            registry=r,
+        )

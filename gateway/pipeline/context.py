@@ -1,17 +1,19 @@
 """The per-request context: one typed record per stage, each written by the stage that owns it.
 
-    RequestContext                  written by
-     ├── request_id, headers, …     the endpoint (gateway.pipeline.endpoint), at entry
-     ├── serving_task, response     the endpoint (its tracked `send` marks started / complete)
-     ├── tenant                     auth (gateway.ingress.auth)
-     ├── parsed: Parsed             ingress (gateway.ingress.stage): body, session key, deadline headers
-     ├── contract: Contract         policy (gateway.policy.stage): task policy, prompt tokens, output limit
-     ├── deadline: Deadline         deadlines (gateway.deadlines.deadline): instant, source, timeouts, timer
-     ├── routing: Routing           scheduling (gateway.scheduling.router): prefix blocks, expected cache hits
-     ├── admission: Admission       admission (gateway.admission.controller): queue and admit instants
-     ├── progress, replica, attempts  the pipeline's dispatch loop (gateway.pipeline.pipeline)
-     ├── exchange: Exchange         forward (gateway.forward.forwarder): the current upstream exchange
-     └── outcome, finished_at       settle (gateway.pipeline.settle)
+    RequestContext             written by
+     ├── request_id, headers   the endpoint (pipeline.endpoint), at entry
+     ├── serving_task          the endpoint
+     ├── response              the endpoint's tracked `send`: started, complete
+     ├── tenant                auth (ingress.auth)
+     ├── parsed: Parsed        ingress (ingress.stage): body, session key, deadline headers
+     ├── contract: Contract    policy (policy.stage): task policy, prompt tokens, output limit
+     ├── deadline: Deadline    deadlines (deadlines.deadline): instant, source, timeouts, timer
+     ├── routing: Routing      scheduling (scheduling.router): prefix blocks, expected cache hits
+     ├── admission: Admission  admission (admission.controller): queue and admit instants
+     ├── progress, replica,    the pipeline's dispatch loop (pipeline.pipeline)
+     │   attempts
+     ├── exchange: Exchange    forward (forward.forwarder): the current upstream exchange
+     └── outcome, finished_at  the pipeline, then settle (pipeline.settle)
 
 Later stages read what earlier ones wrote; no stage writes another's record.
 """

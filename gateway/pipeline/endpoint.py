@@ -52,8 +52,14 @@ class CompletionsEndpoint:
     """Raw ASGI endpoint: reads the body under a size limit, then races the
     pipeline against the client's `http.disconnect` (no polling)."""
 
-    def __init__(self, endpoint: str, pipeline: Pipeline, new_request_id: Callable[[], str],
-                 max_body_bytes: int, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        pipeline: Pipeline,
+        new_request_id: Callable[[], str],
+        max_body_bytes: int,
+        metrics: GatewayMetrics,
+    ) -> None:
         self._endpoint = endpoint
         self._pipeline = pipeline
         self._new_request_id = new_request_id
@@ -83,7 +89,9 @@ class CompletionsEndpoint:
             await error_response(too_large, ctx.request_id)(scope, receive, send)
             return
         work = self._pipeline.handle(ctx, raw, _TrackedSend(send, ctx))
-        watch = scope.get("extensions", _NO_EXTENSIONS).get(DISCONNECT_EXTENSION) or _receive_watch(receive)
+        watch = scope.get("extensions", _NO_EXTENSIONS).get(DISCONNECT_EXTENSION) or _receive_watch(
+            receive
+        )
         await _race_disconnect(work, watch, ctx)
 
 
@@ -114,7 +122,9 @@ class _TrackedSend:
 async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {limit} bytes.")
+        raise PayloadTooLarge(
+            f"Request body of {declared} bytes exceeds the limit of {limit} bytes."
+        )
     parts: list[bytes] = []
     size = 0
     while True:
@@ -133,7 +143,9 @@ async def _read_body(receive: Receive, headers: Mapping[str, str], limit: int) -
 Watch = Callable[[Callable[[], None]], Callable[[], None]]
 
 
-async def _race_disconnect(work: Coroutine[Any, Any, None], watch: Watch, ctx: RequestContext) -> None:
+async def _race_disconnect(
+    work: Coroutine[Any, Any, None], watch: Watch, ctx: RequestContext
+) -> None:
     """Run the pipeline until it ends or the client goes away, whichever is first.
 
     The pipeline runs in this task; `watch(callback)` calls back once the
@@ -166,6 +178,7 @@ async def _race_disconnect(work: Coroutine[Any, Any, None], watch: Watch, ctx: R
 
 def _receive_watch(receive: Receive) -> Watch:
     """A `Watch` for servers without the extension: a task waiting for `http.disconnect`."""
+
     def watch(callback: Callable[[], None]) -> Callable[[], None]:
         def done(watcher: asyncio.Future[None]) -> None:
             if not watcher.cancelled() and watcher.exception() is None:

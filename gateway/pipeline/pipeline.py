@@ -14,6 +14,7 @@ block unwinds, on every path. Settling (metrics, access log) runs last.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,8 +54,9 @@ class Stages:
 
 
 class Pipeline:
-    def __init__(self, cfg: GatewayConfig, registry: ReplicaRegistry, stages: Stages,
-                 metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, cfg: GatewayConfig, registry: ReplicaRegistry, stages: Stages, metrics: GatewayMetrics
+    ) -> None:
         self._cfg = cfg
         self._registry = registry
         self.stages = stages
@@ -119,7 +121,9 @@ class Pipeline:
                 last = err
         if last is not None:
             raise last
-        raise NoHealthyReplica("No healthy replica is available.", retry_after=self._cfg.health.interval_s)
+        raise NoHealthyReplica(
+            "No healthy replica is available.", retry_after=self._cfg.health.interval_s
+        )
 
     async def _attempt(self, ctx: RequestContext, candidates: list[Replica], send: Send) -> None:
         s = self.stages
@@ -149,18 +153,22 @@ class Pipeline:
                 # A non-streaming body with its Content-Length is under way or done:
                 # nothing more can be said; the connection closes with the task.
                 return
-            await _send_quietly(send, {"type": "http.response.body",
-                                       "body": sse_error_event(err) + b"data: [DONE]\n\n",
-                                       "more_body": False})
+            await _send_quietly(
+                send,
+                {
+                    "type": "http.response.body",
+                    "body": sse_error_event(err) + b"data: [DONE]\n\n",
+                    "more_body": False,
+                },
+            )
             return
         status, raw_headers, body = error_bytes(err, ctx.request_id, dict(ctx.gateway_headers()))
-        await _send_quietly(send, {"type": "http.response.start", "status": status,
-                                   "headers": raw_headers})
+        await _send_quietly(
+            send, {"type": "http.response.start", "status": status, "headers": raw_headers}
+        )
         await _send_quietly(send, {"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _send_quietly(send: Send, message: MutableMapping[str, Any]) -> None:
-    try:
+    with contextlib.suppress(OSError):
         await send(message)
-    except OSError:
-        pass

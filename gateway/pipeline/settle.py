@@ -40,8 +40,15 @@ def _access_line(ctx: RequestContext, elapsed: float) -> None:
     log.info(
         "request id=%s task=%s tenant=%s replica=%s outcome=%s status=%s attempts=%d stage=%s "
         "ms=%.1f usage=%s",
-        ctx.request_id, ctx.task, ctx.tenant, ctx.replica.name if ctx.replica else None,
-        ctx.outcome, ctx.upstream_status, ctx.attempts, ctx.stage, elapsed * 1000,
+        ctx.request_id,
+        ctx.task,
+        ctx.tenant,
+        ctx.replica.name if ctx.replica else None,
+        ctx.outcome,
+        ctx.upstream_status,
+        ctx.attempts,
+        ctx.stage,
+        elapsed * 1000,
         _usage_brief(ctx.usage),
     )
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import xxhash
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.deadlines import deadline as deadlines
 from gateway.config.schema import GatewayConfig
-from gateway.pipeline.context import RequestContext
+from gateway.deadlines import deadline as deadlines
 from gateway.errors import RateLimited
+from gateway.pipeline.context import RequestContext
 from gateway.policy.policyset import SessionSpec
 from gateway.state import Claim, Reservation, StateStore
 
@@ -56,15 +56,24 @@ class Rule:
 
 
 class Budgets:
-    def __init__(self, cfg: GatewayConfig, store: StateStore, *, wall: Callable[[], float] = time.time,
-                 metrics_registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        store: StateStore,
+        *,
+        wall: Callable[[], float] = time.time,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> None:
         self._cfg = cfg
         self._store = store
         self._wall = wall
         self._prefix = cfg.state.key_prefix
-        self.rejections = Counter("gateway_budget_rejections", "Requests refused by a tenant limit or "
-                                  "session budget, by reason.", ["reason"],
-                                  registry=metrics_registry or CollectorRegistry())
+        self.rejections = Counter(
+            "gateway_budget_rejections",
+            "Requests refused by a tenant limit or session budget, by reason.",
+            ["reason"],
+            registry=metrics_registry or CollectorRegistry(),
+        )
 
     @contextlib.asynccontextmanager
     async def reserve(self, ctx: RequestContext) -> AsyncIterator[None]:
@@ -83,7 +92,9 @@ class Budgets:
         if ctx.tenant is not None and ctx.tenant in self._cfg.auth.tenants:
             return True
         contract = ctx.contract
-        return bool(ctx.session_key) and contract is not None and contract.policy.session is not None
+        return (
+            bool(ctx.session_key) and contract is not None and contract.policy.session is not None
+        )
 
     async def _enter(self, ctx: RequestContext) -> tuple[Reservation, list[Rule], int] | None:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0)
@@ -108,7 +119,9 @@ class Budgets:
     async def _reserve(self, ctx: RequestContext, rules: list[Rule]) -> Reservation:
         now = time.monotonic()
         remaining = (ctx.deadline.at if ctx.deadline is not None else now) - now
-        result = await self._store.reserve([r.claim for r in rules], max(1.0, remaining) + _RESERVATION_SLACK_S)
+        result = await self._store.reserve(
+            [r.claim for r in rules], max(1.0, remaining) + _RESERVATION_SLACK_S
+        )
         if result.reservation is not None:
             return result.reservation
         rule = next(r for r in rules if r.claim.key == result.failed_key)
@@ -117,15 +130,26 @@ class Budgets:
     def _refusal(self, ctx: RequestContext, rule: Rule, current: int) -> RateLimited:
         self.rejections.labels(rule.reason).inc()
         c = rule.claim
-        what = {"conc": "concurrent requests", "requests": "requests per minute",
-                "session_requests": "requests in this session", "tokens": "tokens"}[rule.kind]
+        what = {
+            "conc": "concurrent requests",
+            "requests": "requests per minute",
+            "session_requests": "requests in this session",
+            "tokens": "tokens",
+        }[rule.kind]
         scope = "Session budget" if rule.session else "Rate limit"
-        message = (f"{scope} exceeded ({rule.reason}): the limit is {c.limit} {what}; {current} are used or "
-                   f"reserved and this request needs {c.amount}.")
+        message = (
+            f"{scope} exceeded ({rule.reason}): the limit is {c.limit} {what}; {current} are "
+            "used or "
+            f"reserved and this request needs {c.amount}."
+        )
         fits_at_all = c.limit is not None and c.amount <= c.limit
         retry = rule.retry_after if fits_at_all else None
-        err = RateLimited(message, code="session_budget_exceeded" if rule.session else "rate_limit_exceeded",
-                          reason=rule.reason, retry_after=retry)
+        err = RateLimited(
+            message,
+            code="session_budget_exceeded" if rule.session else "rate_limit_exceeded",
+            reason=rule.reason,
+            retry_after=retry,
+        )
         if retry is None:
             err.should_retry = False
         return err
@@ -141,7 +165,14 @@ class Budgets:
         ttl = 2.0 * WINDOW_S
         rules = []
         if tenant.max_concurrent is not None:
-            rules.append(Rule(Claim(f"{base}:conc", 1, tenant.max_concurrent), "tenant_concurrency", "conc", 1.0))
+            rules.append(
+                Rule(
+                    Claim(f"{base}:conc", 1, tenant.max_concurrent),
+                    "tenant_concurrency",
+                    "conc",
+                    1.0,
+                )
+            )
         if tenant.requests_per_min is not None:
             claim = Claim(f"{base}:rpm:{window}", 1, tenant.requests_per_min, ttl)
             rules.append(Rule(claim, "tenant_requests_per_min", "requests", to_next))
@@ -159,21 +190,33 @@ class Budgets:
     def _session_rules(self, skey: str, spec: SessionSpec, worst: int) -> list[Rule]:
         ttl = spec.idle_ttl_s
         return [
-            Rule(Claim(skey + ":req", 1, spec.max_requests, ttl), "session_requests", "session_requests"),
-            Rule(Claim(skey + ":tok", worst, spec.max_total_tokens, ttl), "session_tokens", "tokens"),
+            Rule(
+                Claim(skey + ":req", 1, spec.max_requests, ttl),
+                "session_requests",
+                "session_requests",
+            ),
+            Rule(
+                Claim(skey + ":tok", worst, spec.max_total_tokens, ttl), "session_tokens", "tokens"
+            ),
         ]
 
     async def _check_duration(self, ctx: RequestContext, skey: str, spec: SessionSpec) -> None:
         now = self._wall()
-        first_ms = await self._store.put(skey + ":first", int(now * 1000), spec.idle_ttl_s, only_if_absent=True)
+        first_ms = await self._store.put(
+            skey + ":first", int(now * 1000), spec.idle_ttl_s, only_if_absent=True
+        )
         if spec.max_duration_s is None:
             return
         left = first_ms / 1000 + spec.max_duration_s - now
         if left <= 0:
             self.rejections.labels("session_duration").inc()
-            err = RateLimited(f"Session budget exceeded (session_duration): the session started "
-                              f"{math.floor(now - first_ms / 1000)} s ago and may last {spec.max_duration_s:g} s.",
-                              code="session_budget_exceeded", reason="session_duration")
+            err = RateLimited(
+                f"Session budget exceeded (session_duration): the session started "
+                f"{math.floor(now - first_ms / 1000)} s ago and may last "
+                f"{spec.max_duration_s:g} s.",
+                code="session_budget_exceeded",
+                reason="session_duration",
+            )
             err.should_retry = False
             raise err
         deadlines.tighten(ctx, time.monotonic() + left, "session")
@@ -195,7 +238,11 @@ def _tokens_used(ctx: RequestContext, worst: int) -> int:
     total = usage.get("total_tokens")
     if not isinstance(total, int):
         parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-        total = sum(p for p in parts if isinstance(p, int)) if any(isinstance(p, int) for p in parts) else None
+        total = (
+            sum(p for p in parts if isinstance(p, int))
+            if any(isinstance(p, int) for p in parts)
+            else None
+        )
     if total is not None:
         return min(max(0, total), worst)
     return worst if ctx.upstream_status == 200 else 0

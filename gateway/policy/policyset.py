@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
-from gateway.config.schema import PRIORITY_CLASSES, AuthConfig
 from gateway.config.decode import ConfigError, decode, to_plain
+from gateway.config.schema import PRIORITY_CLASSES, AuthConfig
 
 DEFAULT_POLICY = "default"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
@@ -48,7 +48,9 @@ class LimitsSpec:
                 raise ValueError(f"limits.{name} must be >= 1, got {value}")
         top, default = self.max_output_tokens, self.default_output_tokens
         if top is not None and default is not None and default > top:
-            raise ValueError(f"limits.default_output_tokens ({default}) exceeds max_output_tokens ({top})")
+            raise ValueError(
+                f"limits.default_output_tokens ({default}) exceeds max_output_tokens ({top})"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,10 @@ class Policy:
         if not _NAME.match(self.name):
             raise ValueError(f"name {self.name!r} must match {_NAME.pattern}")
         if self.priority not in PRIORITY_CLASSES:
-            raise ValueError(f"priority {self.priority!r} is not an admission class ({', '.join(PRIORITY_CLASSES)})")
+            raise ValueError(
+                f"priority {self.priority!r} is not an admission class "
+                f"({', '.join(PRIORITY_CLASSES)})"
+            )
         if self.match.models and not self.model:
             raise ValueError("match.models (aliases) needs `model`, the real model name to forward")
         if self.tokens == "tokenizer" and not self.tokenizer:
@@ -131,8 +136,11 @@ class Policy:
         return (self.name, *(t for t in self.match.tasks if t != self.name))
 
 
-BUILTIN_DEFAULT = Policy(name=DEFAULT_POLICY, description="Built-in default: no input limit, 4096 output tokens.",
-                         limits=LimitsSpec(default_output_tokens=4096))
+BUILTIN_DEFAULT = Policy(
+    name=DEFAULT_POLICY,
+    description="Built-in default: no input limit, 4096 output tokens.",
+    limits=LimitsSpec(default_output_tokens=4096),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +168,11 @@ class PolicySet:
         return out
 
 
-def build_policy_set(policies: Iterable[Policy], sources: Mapping[str, str] | None = None,
-                     auth: AuthConfig | None = None) -> PolicySet:
+def build_policy_set(
+    policies: Iterable[Policy],
+    sources: Mapping[str, str] | None = None,
+    auth: AuthConfig | None = None,
+) -> PolicySet:
     """Cross-check policies (and the auth config's references to them) into a set."""
     items = list(policies)
     src = dict(sources or {})
@@ -187,8 +198,14 @@ def build_policy_set(policies: Iterable[Policy], sources: Mapping[str, str] | No
     return PolicySet(tuple(items), src, by_task, by_alias, default)
 
 
-def _index(table: dict[str, Policy], keys: Iterable[str], p: Policy, where: str, what: str,
-           problems: list[str]) -> None:
+def _index(
+    table: dict[str, Policy],
+    keys: Iterable[str],
+    p: Policy,
+    where: str,
+    what: str,
+    problems: list[str],
+) -> None:
     for key in keys:
         other = table.get(key)
         if other is not None and other is not p:
@@ -203,12 +220,16 @@ def _check_auth(auth: AuthConfig, names: set[str], policies: list[Policy]) -> li
         refs += [("allowed_tasks", name) for name in t.allowed_tasks]
         for key, name in refs:
             if name not in names:
-                problems.append(f"auth.tenants.{tenant}.{key}: no policy named {name!r} "
-                                f"(known: {', '.join(sorted(names))})")
+                problems.append(
+                    f"auth.tenants.{tenant}.{key}: no policy named {name!r} "
+                    f"(known: {', '.join(sorted(names))})"
+                )
     isolated = [p.name for p in policies if p.isolation == "tenant"]
     if isolated and auth.enabled and not auth.isolation_secret:
-        problems.append(f"auth.isolation_secret: required with auth enabled by policies with "
-                        f"isolation: tenant ({', '.join(isolated)})")
+        problems.append(
+            f"auth.isolation_secret: required with auth enabled by policies with "
+            f"isolation: tenant ({', '.join(isolated)})"
+        )
     return problems
 
 

@@ -25,15 +25,15 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.config.decode import ConfigError
-from gateway.pipeline.context import Contract, RequestContext
+from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
+from gateway.forward.upstream import UpstreamClient
+from gateway.ingress.protocol import ParsedRequest
 from gateway.observability.cells import LockFreeCounter
 from gateway.observability.metrics import Children
+from gateway.pipeline.context import Contract, RequestContext
 from gateway.policy.policyset import Policy, PolicySet, load_policy_set
-from gateway.ingress.protocol import ParsedRequest
-from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.policy.tokens import (
     LRU,
     EngineCounter,
@@ -42,7 +42,7 @@ from gateway.policy.tokens import (
     TokenCount,
     TokenCounter,
 )
-from gateway.forward.upstream import UpstreamClient
+from gateway.replicas.registry import Replica, ReplicaRegistry
 
 log = logging.getLogger("gateway.policy.stage")
 
@@ -58,17 +58,30 @@ class ActivePolicies:
 class PolicyMetrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         r = registry or CollectorRegistry()
-        self.token_counts = LockFreeCounter("gateway_token_counts", "Prompt token counts by source "
-                                    "(estimate, engine, cache, fallback, tokenizer).", ["source"], registry=r)
-        self.reloads = Counter("gateway_policy_reloads", "Policy reloads by result (ok, refused).",
-                               ["result"], registry=r)
-        self.output_clamped = Counter("gateway_output_clamped", "Requests whose output limit was clamped.",
-                                      ["task"], registry=r)
+        self.token_counts = LockFreeCounter(
+            "gateway_token_counts",
+            "Prompt token counts by source (estimate, engine, cache, fallback, tokenizer).",
+            ["source"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            "gateway_policy_reloads",
+            "Policy reloads by result (ok, refused).",
+            ["result"],
+            registry=r,
+        )
+        self.output_clamped = Counter(
+            "gateway_output_clamped",
+            "Requests whose output limit was clamped.",
+            ["task"],
+            registry=r,
+        )
         self.token_counts_by = Children(self.token_counts)
 
 
-def build_counters(policies: PolicySet, engine: EngineCounter | None,
-                   parts: LRU | None = None) -> dict[str, TokenCounter]:
+def build_counters(
+    policies: PolicySet, engine: EngineCounter | None, parts: LRU | None = None
+) -> dict[str, TokenCounter]:
     counters: dict[str, TokenCounter] = {}
     estimate = EstimateCounter(parts)
     problems: list[str] = []
@@ -95,8 +108,13 @@ def check_policies(cfg: GatewayConfig) -> PolicySet:
 
 
 class PolicyStage:
-    def __init__(self, cfg: GatewayConfig, registry: ReplicaRegistry, client: UpstreamClient,
-                 metrics_registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        registry: ReplicaRegistry,
+        client: UpstreamClient,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> None:
         self._cfg = cfg
         self._registry = registry
         self._parts = LRU(max(65536, cfg.tokens.cache_entries))  # ~150 B per part
@@ -113,12 +131,15 @@ class PolicyStage:
         return ActivePolicies(policies, build_counters(policies, self._engine, self._parts))
 
     def reload(self) -> PolicySet:
-        """Load the policy directory again; on any error keep the current set and raise ConfigError."""
+        """Load the policy directory again; on any error keep the current set and raise "
+        "ConfigError."""
         try:
             active = self._load()
         except ConfigError as exc:
             self.metrics.reloads.labels("refused").inc()
-            log.error("policy reload refused, keeping the current set:\n  %s", "\n  ".join(exc.problems))
+            log.error(
+                "policy reload refused, keeping the current set:\n  %s", "\n  ".join(exc.problems)
+            )
             raise
         self._active = active
         self.metrics.reloads.labels("ok").inc()
@@ -148,12 +169,18 @@ class PolicyStage:
         self._limit(contract, req, replicas, counted)
         return None
 
-    async def _limit_when_counted(self, contract: Contract, req: ParsedRequest,
-                                  replicas: list[Replica], counting: Awaitable[TokenCount]) -> None:
+    async def _limit_when_counted(
+        self,
+        contract: Contract,
+        req: ParsedRequest,
+        replicas: list[Replica],
+        counting: Awaitable[TokenCount],
+    ) -> None:
         self._limit(contract, req, replicas, await counting)
 
-    def _limit(self, contract: Contract, req: ParsedRequest, replicas: list[Replica],
-               counted: TokenCount) -> None:
+    def _limit(
+        self, contract: Contract, req: ParsedRequest, replicas: list[Replica], counted: TokenCount
+    ) -> None:
         self.metrics.token_counts_by(counted.source).inc()
         contract.prompt_tokens = counted.tokens
         _check_input(contract, req)
@@ -162,14 +189,18 @@ class PolicyStage:
             self.metrics.output_clamped.labels(contract.policy.name).inc()
 
 
-def resolve(policies: PolicySet, ctx: RequestContext, req: ParsedRequest,
-            tenant: TenantConfig | None) -> Policy:
+def resolve(
+    policies: PolicySet, ctx: RequestContext, req: ParsedRequest, tenant: TenantConfig | None
+) -> Policy:
     header = (ctx.headers.get("x-task") or "").strip()
     if header:
         policy = policies.by_task.get(header)
         if policy is None:
-            raise UnknownTask(f"Unknown task {header[:64]!r} in the X-Task header. "
-                              f"Known tasks: {', '.join(policies.known_tasks)}.", param="X-Task")
+            raise UnknownTask(
+                f"Unknown task {header[:64]!r} in the X-Task header. "
+                f"Known tasks: {', '.join(policies.known_tasks)}.",
+                param="X-Task",
+            )
     elif req.model in policies.by_alias:
         policy = policies.by_alias[req.model or ""]
     elif tenant is not None and tenant.default_task:
@@ -177,8 +208,11 @@ def resolve(policies: PolicySet, ctx: RequestContext, req: ParsedRequest,
     else:
         policy = policies.default
     if tenant is not None and tenant.allowed_tasks and policy.name not in tenant.allowed_tasks:
-        raise Forbidden(f"Task '{policy.name}' is not allowed for this API key. "
-                        f"Allowed tasks: {', '.join(tenant.allowed_tasks)}.", param="X-Task")
+        raise Forbidden(
+            f"Task '{policy.name}' is not allowed for this API key. "
+            f"Allowed tasks: {', '.join(tenant.allowed_tasks)}.",
+            param="X-Task",
+        )
     return policy
 
 
@@ -220,7 +254,8 @@ def _check_input(contract: Contract, req: ParsedRequest) -> None:
         raise ContextLengthExceeded(
             f"The input of this request is {tokens} tokens, over the {limit}-token input limit of "
             f"task '{policy.name}'. Please reduce the length of the {_input_param(req)}.",
-            param=_input_param(req))
+            param=_input_param(req),
+        )
 
 
 def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | None) -> int:
@@ -230,12 +265,18 @@ def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | N
     injected = requested is None
     if requested is None:
         fits = max_model_len - prompt if max_model_len is not None else None
-        output = lim.default_output_tokens or lim.max_output_tokens or fits or FALLBACK_OUTPUT_TOKENS
+        output = (
+            lim.default_output_tokens or lim.max_output_tokens or fits or FALLBACK_OUTPUT_TOKENS
+        )
     elif lim.max_output_tokens is not None and requested > lim.max_output_tokens:
         if lim.on_excess == "reject":
-            raise BadRequest(f"'{param}' is {requested}, over the {lim.max_output_tokens}-token output limit of "
-                             f"task '{policy.name}'.", param=param, code="output_limit_exceeded",
-                             reason="output_limit_exceeded")
+            raise BadRequest(
+                f"'{param}' is {requested}, over the {lim.max_output_tokens}-token output limit of "
+                f"task '{policy.name}'.",
+                param=param,
+                code="output_limit_exceeded",
+                reason="output_limit_exceeded",
+            )
         output = lim.max_output_tokens
         contract.clamped_from = requested
     else:
@@ -245,12 +286,18 @@ def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | N
     if prompt >= max_model_len:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"{_input_param(req)} resulted in {prompt} input tokens.", param=_input_param(req))
+            f"{_input_param(req)} resulted in {prompt} input tokens.",
+            param=_input_param(req),
+        )
     if prompt + output > max_model_len:
         if injected:
             return max_model_len - prompt
         raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{prompt + output} tokens ({prompt} in the {_input_param(req)}, {output} in the completion). "
-            f"Please reduce the length of the {_input_param(req)} or the completion.", param=param)
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            "requested "
+            f"{prompt + output} tokens ({prompt} in the {_input_param(req)}, {output} in the "
+            "completion). "
+            f"Please reduce the length of the {_input_param(req)} or the completion.",
+            param=param,
+        )
     return output

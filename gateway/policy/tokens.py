@@ -30,10 +30,10 @@ import xxhash
 
 from gateway.config.schema import TokensConfig
 from gateway.errors import GatewayError
-from gateway.policy.estimate import BASE_OVERHEAD, MESSAGE_OVERHEAD, TOOLS_OVERHEAD, estimate_text
-from gateway.ingress.protocol import ParsedRequest, prompt_parts
-from gateway.replicas.registry import Replica
 from gateway.forward.upstream import UpstreamClient
+from gateway.ingress.protocol import ParsedRequest, prompt_parts
+from gateway.policy.estimate import BASE_OVERHEAD, MESSAGE_OVERHEAD, TOOLS_OVERHEAD, estimate_text
+from gateway.replicas.registry import Replica
 
 log = logging.getLogger("gateway.policy.tokens")
 
@@ -61,7 +61,11 @@ def _cached_estimate(parts: list[str], cache: LRU) -> int:
     total = 0
     for part in parts:
         # A short part is its own key; a long one its 128-bit hash (an int: never equal to a str).
-        key: str | int = part if len(part) < _HASHED_PART_MIN_CHARS else digest(part.encode("utf-8", "surrogatepass"))
+        key: str | int = (
+            part
+            if len(part) < _HASHED_PART_MIN_CHARS
+            else digest(part.encode("utf-8", "surrogatepass"))
+        )
         cost = data.get(key)
         if cost is None:
             cost = estimate_text(part)
@@ -89,7 +93,9 @@ class TokenCount:
 class TokenCounter(Protocol):
     async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount: ...
 
-    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount | Awaitable[TokenCount]:
+    def count_now(
+        self, req: ParsedRequest, replicas: Sequence[Replica]
+    ) -> TokenCount | Awaitable[TokenCount]:
         """The count, when it needs no round trip (an estimate, a cached count);
         else an awaitable that gets it (a coroutine per request would cost
         every request, and most need none)."""
@@ -109,7 +115,9 @@ class EstimateCounter:
 
 def prompt_key(req: ParsedRequest) -> str:
     body = req.body
-    canon = {k: body.get(k) for k in ("model", "messages", "prompt", "tools", "chat_template_kwargs")}
+    canon = {
+        k: body.get(k) for k in ("model", "messages", "prompt", "tools", "chat_template_kwargs")
+    }
     data = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return xxhash.xxh3_128_hexdigest(data.encode())
 
@@ -144,7 +152,9 @@ class EngineCounter:
         self.cache = LRU(cfg.cache_entries)
         self._parts = parts
 
-    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount | Awaitable[TokenCount]:
+    def count_now(
+        self, req: ParsedRequest, replicas: Sequence[Replica]
+    ) -> TokenCount | Awaitable[TokenCount]:
         key = prompt_key(req)
         cached = self.cache.get(key)
         if cached is not None:
@@ -174,7 +184,9 @@ class EngineCounter:
 
     async def _post(self, replica: Replica, path: str, payload: dict[str, Any]) -> Any:
         data = json.dumps(payload, ensure_ascii=False).encode()
-        resp = await self._client.post_json_small(replica.url + path, data, self._timeout, replica.auth_headers())
+        resp = await self._client.post_json_small(
+            replica.url + path, data, self._timeout, replica.auth_headers()
+        )
         if resp.status != 200:
             raise ValueError(f"{path} answered HTTP {resp.status}")
         return json.loads(resp.body)

@@ -38,9 +38,16 @@ class PollError(Exception):
 
 
 class LiveStatePoller:
-    def __init__(self, registry: ReplicaRegistry, client: ProbeClient, cfg: AdmissionConfig,
-                 trackers: dict[str, ReplicaLive], on_update: Callable[[Replica], None],
-                 rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        registry: ReplicaRegistry,
+        client: ProbeClient,
+        cfg: AdmissionConfig,
+        trackers: dict[str, ReplicaLive],
+        on_update: Callable[[Replica], None],
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._registry = registry
         self._client = client
         self._cfg = cfg
@@ -53,7 +60,9 @@ class LiveStatePoller:
         self._no_metrics: set[str] = set()
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(r), name=f"poll:{r.name}") for r in self._registry]
+        self._tasks = [
+            asyncio.create_task(self._loop(r), name=f"poll:{r.name}") for r in self._registry
+        ]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -112,7 +121,9 @@ class LiveStatePoller:
     async def _get_text(self, replica: Replica, path: str) -> str | None:
         """Body text; None when the route does not exist (404/501)."""
         try:
-            resp = await self._client.get(replica.url + path, self._cfg.poll_timeout_s, replica.auth_headers())
+            resp = await self._client.get(
+                replica.url + path, self._cfg.poll_timeout_s, replica.auth_headers()
+            )
         except GatewayError as exc:
             raise PollError(exc.message) from exc
         if resp.status in (404, 501):

@@ -38,7 +38,9 @@ class ProbeClient(Protocol):
     """What health checks and live-state polls need of the upstream client
     (`gateway.forward.upstream.UpstreamClient`)."""
 
-    async def get(self, url: str, timeout: float, headers: Mapping[str, str] | None = None) -> ProbeAnswer:
+    async def get(
+        self, url: str, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> ProbeAnswer:
         """A small bounded GET; GatewayError when it fails."""
         ...
 
@@ -80,7 +82,9 @@ class Replica:
             "kind": self.kind,
             "healthy": self.healthy,
             "checked": self.checked,
-            "last_check_age_s": None if self.last_check is None else round(time.monotonic() - self.last_check, 3),
+            "last_check_age_s": None
+            if self.last_check is None
+            else round(time.monotonic() - self.last_check, 3),
             "last_error": self.last_error,
             "models": [m.get("id") for m in self.models],
             "max_model_len": self.max_model_len,
@@ -124,8 +128,13 @@ class ReplicaRegistry:
 
 
 class HealthMonitor:
-    def __init__(self, registry: ReplicaRegistry, client: ProbeClient, cfg: HealthConfig,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        registry: ReplicaRegistry,
+        client: ProbeClient,
+        cfg: HealthConfig,
+        rng: random.Random | None = None,
+    ) -> None:
         self._registry = registry
         self._client = client
         self._cfg = cfg
@@ -136,7 +145,9 @@ class HealthMonitor:
         await asyncio.gather(*(self.check(r) for r in self._registry))
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(r), name=f"health:{r.name}") for r in self._registry]
+        self._tasks = [
+            asyncio.create_task(self._loop(r), name=f"health:{r.name}") for r in self._registry
+        ]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -173,7 +184,9 @@ class HealthMonitor:
 
     async def _probe(self, replica: Replica) -> tuple[bool, str | None]:
         try:
-            resp = await self._client.get(replica.url + "/health", self._cfg.timeout_s, replica.auth_headers())
+            resp = await self._client.get(
+                replica.url + "/health", self._cfg.timeout_s, replica.auth_headers()
+            )
         except GatewayError as exc:
             return False, exc.message
         if resp.status == 200:
@@ -203,7 +216,9 @@ class HealthMonitor:
 
     async def _read_models(self, replica: Replica) -> None:
         try:
-            resp = await self._client.get(replica.url + "/v1/models", self._cfg.timeout_s, replica.auth_headers())
+            resp = await self._client.get(
+                replica.url + "/v1/models", self._cfg.timeout_s, replica.auth_headers()
+            )
             data = json.loads(resp.body) if resp.status == 200 else None
         except (GatewayError, ValueError) as exc:
             log.warning("cannot read models of %s: %s", replica.name, exc)

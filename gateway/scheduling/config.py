@@ -18,5 +18,14 @@ from gateway.config.scheduling import (
     ScorerRef,
 )
 
-__all__ = ["BASELINES", "BUILTIN_PLUGINS", "BUILTIN_PROFILES", "DEFAULT_PROFILE", "HotspotConfig",
-           "PluginSpec", "ProfileSpec", "SchedulingConfig", "ScorerRef"]
+__all__ = [
+    "BASELINES",
+    "BUILTIN_PLUGINS",
+    "BUILTIN_PROFILES",
+    "DEFAULT_PROFILE",
+    "HotspotConfig",
+    "PluginSpec",
+    "ProfileSpec",
+    "SchedulingConfig",
+    "ScorerRef",
+]

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.scheduling.prefix import PrefixBlocks
 from gateway.scheduling.engine_view import EngineView
+from gateway.scheduling.prefix import PrefixBlocks
 
 if TYPE_CHECKING:
     from gateway.pipeline.context import RequestContext
@@ -46,7 +46,7 @@ class Load:
 
 @dataclass(slots=True)
 class Cycle:
-    ctx: "RequestContext"  # quoted: see gateway/pipeline/context.py
+    ctx: RequestContext  # quoted: see gateway/pipeline/context.py
     blocks: PrefixBlocks
     prompt_tokens: int
     loads: dict[str, Load]
@@ -69,7 +69,9 @@ class Cycle:
 
     def indexed_tokens(self, replica: Replica) -> int:
         """Tokens of the prompt the prefix index holds for the replica (hot or not)."""
-        return indexed_tokens(self.matched_blocks.get(replica.name, 0), self.prompt_tokens, self.blocks)
+        return indexed_tokens(
+            self.matched_blocks.get(replica.name, 0), self.prompt_tokens, self.blocks
+        )
 
     def uncached_tokens(self, replica: Replica) -> int:
         return self.prompt_tokens - self.matched_tokens(replica)
@@ -97,8 +99,9 @@ class Threshold:
     ratio: float
 
 
-def find_hot(loads: Sequence[tuple[str, Load]], backlog: Threshold, in_flight: Threshold,
-             kv: Threshold) -> frozenset[str]:
+def find_hot(
+    loads: Sequence[tuple[str, Load]], backlog: Threshold, in_flight: Threshold, kv: Threshold
+) -> frozenset[str]:
     """Replicas whose queued prefill work, requests in flight or KV use is far
     above the others'. A hot replica loses cache and session affinity."""
     if len(loads) < 2:

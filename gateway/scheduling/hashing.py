@@ -24,8 +24,9 @@ def rendezvous_order(key: str, replicas: Sequence[Replica]) -> list[Replica]:
     return sorted(replicas, key=lambda r: rendezvous_weight(key, r.name), reverse=True)
 
 
-def bounded_load_choice(key: str, replicas: Sequence[Replica], loads: Sequence[float],
-                        factor: float) -> Replica:
+def bounded_load_choice(
+    key: str, replicas: Sequence[Replica], loads: Sequence[float], factor: float
+) -> Replica:
     """The first replica in rendezvous order whose load stays within
     `factor` × the mean load (counting this placement)."""
     by_name = {r.name: load for r, load in zip(replicas, loads, strict=True)}

@@ -51,7 +51,9 @@ class Scorer(Protocol):
 class Picker(Protocol):
     kind: ClassVar[str]
 
-    def order(self, cycle: Cycle, candidates: Sequence[Replica], scores: Sequence[float]) -> list[Replica]: ...
+    def order(
+        self, cycle: Cycle, candidates: Sequence[Replica], scores: Sequence[float]
+    ) -> list[Replica]: ...
 
 
 def clamp01(value: float) -> float:

@@ -14,17 +14,30 @@ class SchedulingMetrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         r = registry or CollectorRegistry(auto_describe=True)
         self.plugin_seconds = Histogram(
-            "gateway_scheduling_plugin_duration_seconds", "Time spent in one call of a scheduling plugin.",
-            ["plugin", "extension"], buckets=_BUCKETS, registry=r)
+            "gateway_scheduling_plugin_duration_seconds",
+            "Time spent in one call of a scheduling plugin.",
+            ["plugin", "extension"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
         self.decisions = LockFreeCounter(
-            "gateway_routing_decisions", "Routing decisions by policy and replica.",
-            ["policy", "replica"], registry=r)
+            "gateway_routing_decisions",
+            "Routing decisions by policy and replica.",
+            ["policy", "replica"],
+            registry=r,
+        )
         self.prompt_tokens = LockFreeCounter(
-            "gateway_routing_prompt_tokens", "Prompt tokens routed (estimated).", ["replica"], registry=r)
+            "gateway_routing_prompt_tokens",
+            "Prompt tokens routed (estimated).",
+            ["replica"],
+            registry=r,
+        )
         self.matched_tokens = LockFreeCounter(
             "gateway_routing_matched_prefix_tokens",
             "Prompt tokens the prefix index expected to be cached on the chosen replica.",
-            ["replica"], registry=r)
+            ["replica"],
+            registry=r,
+        )
         self.decisions_by = Children(self.decisions)
         self.prompt_tokens_by = Children(self.prompt_tokens)
         self.matched_tokens_by = Children(self.matched_tokens)
@@ -36,5 +49,8 @@ class SchedulingMetrics:
         cells = self._routed.get((policy, replica))
         if cells is None:
             cells = self._routed[(policy, replica)] = (
-                self.decisions_by(policy, replica), self.prompt_tokens_by(replica), self.matched_tokens_by(replica))
+                self.decisions_by(policy, replica),
+                self.prompt_tokens_by(replica),
+                self.matched_tokens_by(replica),
+            )
         return cells

@@ -40,7 +40,9 @@ class MaxScorePicker:
     def __init__(self, tie_tolerance: float) -> None:
         self._tol = tie_tolerance
 
-    def order(self, cycle: Cycle, candidates: Sequence[Replica], scores: Sequence[float]) -> list[Replica]:
+    def order(
+        self, cycle: Cycle, candidates: Sequence[Replica], scores: Sequence[float]
+    ) -> list[Replica]:
         tol = self._tol * cycle.weight_total
         key = cycle.tie_key
 
@@ -68,7 +70,9 @@ class RandomWeightedPicker:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def order(self, cycle: Cycle, candidates: Sequence[Replica], scores: Sequence[float]) -> list[Replica]:
+    def order(
+        self, cycle: Cycle, candidates: Sequence[Replica], scores: Sequence[float]
+    ) -> list[Replica]:
         # Efraimidis-Spirakis: key u^(1/w); zero weights go last in random order.
         keyed = []
         for replica, score in zip(candidates, scores, strict=True):
@@ -78,5 +82,7 @@ class RandomWeightedPicker:
         return [r for _, r in keyed]
 
 
-def random_weighted_factory(params: RandomWeightedParams, services: Services) -> RandomWeightedPicker:
+def random_weighted_factory(
+    params: RandomWeightedParams, services: Services
+) -> RandomWeightedPicker:
     return RandomWeightedPicker(services.rng)

@@ -60,16 +60,17 @@ def chain_hashes(data: bytes, block_bytes: int, seed: int) -> tuple[int, ...]:
     out: list[int] = []
     h = seed
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
-        h = digest(view[start:start + block_bytes], h)
+        h = digest(view[start : start + block_bytes], h)
         out.append(h)
     return tuple(out)
 
 
-def prefix_blocks(parts: Iterable[str], model: str | None, cache_salt: str | None,
-                  block_bytes: int) -> PrefixBlocks:
+def prefix_blocks(
+    parts: Iterable[str], model: str | None, cache_salt: str | None, block_bytes: int
+) -> PrefixBlocks:
     data = render(parts)
     seed = seed_of(model, cache_salt)
-    head = xxhash.xxh3_64_intdigest(memoryview(data)[:4 * block_bytes], seed)
+    head = xxhash.xxh3_64_intdigest(memoryview(data)[: 4 * block_bytes], seed)
     return PrefixBlocks(chain_hashes(data, block_bytes, seed), len(data), block_bytes, head)
 
 
@@ -94,7 +95,7 @@ class PrefixIndex:
         now = self._clock()
         expiry = now + self._ttl
         entries = self._entries
-        for h in hashes[:self.capacity_blocks][::-1]:
+        for h in hashes[: self.capacity_blocks][::-1]:
             entries[h] = expiry
             entries.move_to_end(h)
         self._evict(now)

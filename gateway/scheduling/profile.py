@@ -38,8 +38,13 @@ class WeightedScorer:
 
 
 class Profile:
-    def __init__(self, name: str, filters: Sequence[Named[Filter]], scorers: Sequence[WeightedScorer],
-                 picker: Named[Picker]) -> None:
+    def __init__(
+        self,
+        name: str,
+        filters: Sequence[Named[Filter]],
+        scorers: Sequence[WeightedScorer],
+        picker: Named[Picker],
+    ) -> None:
         self.name = name
         self.filters = tuple(filters)
         self.scorers = tuple(scorers)

@@ -40,5 +40,7 @@ REGISTRY: dict[str, PluginType] = {
     least_load.TYPE: PluginType("scorer", least_load.Params, least_load.factory),
     estimated_ttft.TYPE: PluginType("scorer", estimated_ttft.Params, estimated_ttft.factory),
     pickers.MAX_SCORE: PluginType("picker", pickers.MaxScoreParams, pickers.max_score_factory),
-    pickers.RANDOM_WEIGHTED: PluginType("picker", pickers.RandomWeightedParams, pickers.random_weighted_factory),
+    pickers.RANDOM_WEIGHTED: PluginType(
+        "picker", pickers.RandomWeightedParams, pickers.random_weighted_factory
+    ),
 }

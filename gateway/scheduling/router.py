@@ -18,19 +18,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.config.decode import decode, to_plain
-from gateway.pipeline.context import RequestContext
-from gateway.scheduling.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
-from gateway.ingress.protocol import prompt_parts
-from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
 from gateway.config.scheduling import SchedulingConfig
+from gateway.ingress.protocol import prompt_parts
+from gateway.pipeline.context import RequestContext
+from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
 from gateway.scheduling.cycle import Cycle, Load, Ranking, Threshold, find_hot, indexed_tokens
+from gateway.scheduling.engine_view import capacity_tokens, engine_view
 from gateway.scheduling.hashing import bounded_load_choice
 from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
 from gateway.scheduling.metrics import SchedulingMetrics
+from gateway.scheduling.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
 from gateway.scheduling.profile import Profile, WeightedScorer, named
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.slots import SlotPinner
-from gateway.scheduling.engine_view import capacity_tokens, engine_view
 from gateway.scheduling.tracker import Routed, Tracker
 from gateway.scheduling.validate import validate
 
@@ -53,8 +53,13 @@ class Router(Protocol):
 
 
 class SchedulingRouter:
-    def __init__(self, cfg: SchedulingConfig, profile: Profile, services: Services,
-                 metrics: SchedulingMetrics) -> None:
+    def __init__(
+        self,
+        cfg: SchedulingConfig,
+        profile: Profile,
+        services: Services,
+        metrics: SchedulingMetrics,
+    ) -> None:
         self._cfg = cfg
         self.profile = profile
         self._services = services
@@ -75,7 +80,9 @@ class SchedulingRouter:
             ctx.routing.cached_tokens = {lone.name: matched} if matched else {}
             return Ranking(list(candidates), lone_match=(lone.name, matched))
         cycle = self.cycle(ctx, candidates)
-        ctx.routing.cached_tokens = {r.name: n for r in candidates if (n := cycle.indexed_tokens(r))}
+        ctx.routing.cached_tokens = {
+            r.name: n for r in candidates if (n := cycle.indexed_tokens(r))
+        }
         return Ranking(self.profile.run(cycle, list(candidates)), cycle)
 
     def _indexed(self, ctx: RequestContext, replica: Replica) -> int:
@@ -85,7 +92,9 @@ class SchedulingRouter:
         if not blocks.hashes:
             return 0
         index = self.index(replica, capacity_tokens(replica))
-        return indexed_tokens(index.matched_blocks(blocks.hashes), self.prompt_tokens(ctx, blocks), blocks)
+        return indexed_tokens(
+            index.matched_blocks(blocks.hashes), self.prompt_tokens(ctx, blocks), blocks
+        )
 
     def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
         cycle = ranking.cycle
@@ -96,7 +105,11 @@ class SchedulingRouter:
         else:  # ranked without a cycle (a lone replica): what `rank` found, if for this replica
             prompt_tokens = self.prompt_tokens(ctx, blocks)
             lone = ranking.lone_match
-            matched = lone[1] if lone is not None and lone[0] == replica.name else self._indexed(ctx, replica)
+            matched = (
+                lone[1]
+                if lone is not None and lone[0] == replica.name
+                else self._indexed(ctx, replica)
+            )
         if blocks.hashes:  # a prompt shorter than one block has nothing to index
             self.index(replica, capacity_tokens(replica)).insert(blocks.hashes)
         slot = self._slots.apply(ctx, replica, self._tracker)
@@ -125,13 +138,26 @@ class SchedulingRouter:
         blocks = self.blocks(ctx)
         prompt_tokens = self.prompt_tokens(ctx, blocks)
         loads = bound_rates({r.name: self._load(r) for r in candidates}, self._cfg.max_rate_spread)
-        matched = {r.name: self.index(r, loads[r.name].capacity_tokens).matched_blocks(blocks.hashes)
-                   for r in candidates}
+        matched = {
+            r.name: self.index(r, loads[r.name].capacity_tokens).matched_blocks(blocks.hashes)
+            for r in candidates
+        }
         h = self._cfg.hotspot
-        hot = find_hot(list(loads.items()), Threshold(h.backlog_tokens, h.backlog_ratio),
-                       Threshold(h.in_flight, h.in_flight_ratio), Threshold(h.kv_fraction, h.kv_ratio))
-        cycle = Cycle(ctx, blocks, prompt_tokens, loads, matched, hot,
-                      tie_key=ctx.session_key or f"{blocks.head:x}")
+        hot = find_hot(
+            list(loads.items()),
+            Threshold(h.backlog_tokens, h.backlog_ratio),
+            Threshold(h.in_flight, h.in_flight_ratio),
+            Threshold(h.kv_fraction, h.kv_ratio),
+        )
+        cycle = Cycle(
+            ctx,
+            blocks,
+            prompt_tokens,
+            loads,
+            matched,
+            hot,
+            tie_key=ctx.session_key or f"{blocks.head:x}",
+        )
         cycle.session_target = self._session_target(ctx.session_key, candidates)
         return cycle
 
@@ -144,8 +170,12 @@ class SchedulingRouter:
         req = ctx.request
         assert req is not None
         salt = req.body.get("cache_salt")
-        blocks = prefix_blocks(prompt_parts(req), req.model, salt if isinstance(salt, str) else None,
-                               self._cfg.block_bytes)
+        blocks = prefix_blocks(
+            prompt_parts(req),
+            req.model,
+            salt if isinstance(salt, str) else None,
+            self._cfg.block_bytes,
+        )
         ctx.routing.prefix = blocks
         return blocks
 
@@ -185,12 +215,17 @@ def bound_rates(loads: dict[str, Load], spread: float) -> dict[str, Load]:
         return loads
     median = rates[len(rates) // 2]
     lo, hi = median / spread, median * spread
-    return {name: load if lo <= load.prefill_rate <= hi
-            else dataclasses.replace(load, prefill_rate=min(hi, max(lo, load.prefill_rate)))
-            for name, load in loads.items()}
+    return {
+        name: load
+        if lo <= load.prefill_rate <= hi
+        else dataclasses.replace(load, prefill_rate=min(hi, max(lo, load.prefill_rate)))
+        for name, load in loads.items()
+    }
 
 
-def build_profile(cfg: SchedulingConfig, name: str, services: Services, metrics: SchedulingMetrics) -> Profile:
+def build_profile(
+    cfg: SchedulingConfig, name: str, services: Services, metrics: SchedulingMetrics
+) -> Profile:
     specs = {p.name: p for p in cfg.effective_plugins()}
     built: dict[str, object] = {}
 
@@ -198,13 +233,17 @@ def build_profile(cfg: SchedulingConfig, name: str, services: Services, metrics:
         if ref not in built:
             spec = specs[ref]
             ptype = REGISTRY[spec.type]
-            built[ref] = ptype.factory(decode(ptype.params, spec.parameters, f"plugins.{ref}.parameters"), services)
+            built[ref] = ptype.factory(
+                decode(ptype.params, spec.parameters, f"plugins.{ref}.parameters"), services
+            )
         return built[ref]
 
     profile = next(p for p in cfg.effective_profiles() if p.name == name)
     filters = [named(metrics, f, "filter", _as_filter(plugin(f))) for f in profile.filters]
-    scorers = [WeightedScorer(named(metrics, s.plugin, "scorer", _as_scorer(plugin(s.plugin))), s.weight)
-               for s in profile.scorers]
+    scorers = [
+        WeightedScorer(named(metrics, s.plugin, "scorer", _as_scorer(plugin(s.plugin))), s.weight)
+        for s in profile.scorers
+    ]
     picker = named(metrics, profile.picker, "picker", _as_picker(plugin(profile.picker)))
     return Profile(profile.name, filters, scorers, picker)
 
@@ -224,9 +263,14 @@ def _as_picker(p: object) -> Picker:
     return p  # type: ignore[return-value]
 
 
-def build_router(cfg: SchedulingConfig, *, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 can_admit: AdmitCheck | None = None) -> Router:
+def build_router(
+    cfg: SchedulingConfig,
+    *,
+    registry: CollectorRegistry | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+    can_admit: AdmitCheck | None = None,
+) -> Router:
     """The router `cfg.policy` names; ConfigError if `cfg`'s plugin specs are invalid."""
     validate(cfg)
     if cfg.policy == "round-robin":
@@ -236,9 +280,16 @@ def build_router(cfg: SchedulingConfig, *, registry: CollectorRegistry | None = 
     if cfg.policy == "session-hash":
         return SessionHashRouter(cfg.session_load_factor)
     metrics = SchedulingMetrics(registry)
-    services = Services(clock=clock, rng=rng or random.Random(),
-                        tracker=Tracker(clock, cfg.index_ttl_s, cfg.max_sessions), can_admit=can_admit)
+    services = Services(
+        clock=clock,
+        rng=rng or random.Random(),
+        tracker=Tracker(clock, cfg.index_ttl_s, cfg.max_sessions),
+        can_admit=can_admit,
+    )
     profile = build_profile(cfg, cfg.policy, services, metrics)
-    log.info("scheduling policy %s: %s", cfg.policy, to_plain(
-        next(p for p in cfg.effective_profiles() if p.name == cfg.policy)))
+    log.info(
+        "scheduling policy %s: %s",
+        cfg.policy,
+        to_plain(next(p for p in cfg.effective_profiles() if p.name == cfg.policy)),
+    )
     return SchedulingRouter(cfg, profile, services, metrics)

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from gateway.replicas.registry import Replica
 
 
-
 class SlotPinner:
     def __init__(self, default_slots: int | None) -> None:
         self._default = default_slots
@@ -43,7 +42,11 @@ class SlotPinner:
         count = len(view.slots_busy) if view.slots_busy else self._default
         if not count:
             return None
-        busy = {r.slot for r in tracker.outstanding(replica.name) if r.slot is not None and r.ctx is not ctx}
+        busy = {
+            r.slot
+            for r in tracker.outstanding(replica.name)
+            if r.slot is not None and r.ctx is not ctx
+        }
         busy |= {i for i, b in enumerate(view.slots_busy or ()) if b}
         slot = self._choose(replica.name, key, count, busy)
         if slot is not None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True, eq=False)
 class Routed:
-    ctx: "RequestContext"  # quoted: see gateway/pipeline/context.py
+    ctx: RequestContext  # quoted: see gateway/pipeline/context.py
     replica: str
     kv_tokens: int
     uncached_tokens: int

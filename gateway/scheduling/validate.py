@@ -66,10 +66,16 @@ def check_profiles(cfg: SchedulingConfig) -> list[str]:
             problems.append(f"{path}.name: {profile.name!r} is the name of a built-in baseline")
         names.add(profile.name)
         problems += _check_ref(kinds, f"{path}.picker", profile.picker, "picker")
-        problems += [p for j, f in enumerate(profile.filters)
-                     for p in _check_ref(kinds, f"{path}.filters[{j}]", f, "filter")]
-        problems += [p for j, s in enumerate(profile.scorers)
-                     for p in _check_ref(kinds, f"{path}.scorers[{j}].plugin", s.plugin, "scorer")]
+        problems += [
+            p
+            for j, f in enumerate(profile.filters)
+            for p in _check_ref(kinds, f"{path}.filters[{j}]", f, "filter")
+        ]
+        problems += [
+            p
+            for j, s in enumerate(profile.scorers)
+            for p in _check_ref(kinds, f"{path}.scorers[{j}].plugin", s.plugin, "scorer")
+        ]
     if cfg.policy not in names and cfg.policy not in BASELINES:
         choices = ", ".join(sorted(names | set(BASELINES)))
         problems.append(f"policy: unknown profile or baseline {cfg.policy!r} (choices: {choices})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import sys
 from typing import Any
@@ -86,8 +87,6 @@ def run_sim(args: argparse.Namespace) -> int:
     ]
     for lst in listeners:
         print(f"sim {config.flavor} replica on http://{lst.host}:{lst.port}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_all(listeners, log_level=args.log_level))
-    except KeyboardInterrupt:
-        pass
     return 0

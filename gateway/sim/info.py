@@ -33,7 +33,6 @@ from gateway.sim.slots import Slot, SlotScheduler
 from gateway.sim.tokens import render_chat, token_pieces, tokenize
 
 
-
 class SimReplica(Protocol):
     """What these routes read of a simulated replica (`gateway.sim.app.SimReplica`)."""
 
@@ -47,6 +46,7 @@ class SimReplica(Protocol):
     def check_loading(self) -> None: ...
 
     def snapshot(self) -> tuple[Totals, dict[str, Any]]: ...
+
 
 Handler = Callable[[Request], Awaitable[Response]]
 VLLM_VERSION = "0.11.0"

@@ -53,7 +53,9 @@ class StateStore(Protocol):
         renewed: a crashed holder cannot leak capacity forever."""
         ...
 
-    async def settle(self, reservation: Reservation, actual: Mapping[str, int] | None = None) -> None:
+    async def settle(
+        self, reservation: Reservation, actual: Mapping[str, int] | None = None
+    ) -> None:
         """End a reservation: keys in `actual` keep that amount permanently
         (until the key's TTL), all other claimed amounts are given back.
         Idempotent: settling twice (or after expiry) changes nothing. A
@@ -68,8 +70,9 @@ class StateStore(Protocol):
         """Extend a live reservation; False if it already expired."""
         ...
 
-    async def put(self, key: str, value: int, key_ttl_s: float | None = None, *,
-                  only_if_absent: bool = False) -> int:
+    async def put(
+        self, key: str, value: int, key_ttl_s: float | None = None, *, only_if_absent: bool = False
+    ) -> int:
         """Set a plain value (e.g. a session's first/last-seen time); with
         `only_if_absent`, keep an existing value. Refreshes the key's TTL
         either way and returns the value now stored."""

@@ -56,7 +56,9 @@ class MemoryStateStore:
         heapq.heappush(self._expiry_heap, (expires, res.id))
         return ReserveResult(res)
 
-    async def settle(self, reservation: Reservation, actual: Mapping[str, int] | None = None) -> None:
+    async def settle(
+        self, reservation: Reservation, actual: Mapping[str, int] | None = None
+    ) -> None:
         now = self._clock()
         self._sweep(now)
         self._finish(reservation.id, actual or {}, now)
@@ -81,8 +83,9 @@ class MemoryStateStore:
         heapq.heappush(self._expiry_heap, (expires, reservation.id))
         return True
 
-    async def put(self, key: str, value: int, key_ttl_s: float | None = None, *,
-                  only_if_absent: bool = False) -> int:
+    async def put(
+        self, key: str, value: int, key_ttl_s: float | None = None, *, only_if_absent: bool = False
+    ) -> int:
         self._sweep()
         self._value(key)  # drops the key if it expired
         if not (only_if_absent and key in self._values):
@@ -135,7 +138,9 @@ class MemoryStateStore:
             self._key_expiry.pop(key, None)
         return self._values.get(key, 0)
 
-    def _add(self, key: str, delta: int, ttl: float | None, now: float, floor: bool = False) -> None:
+    def _add(
+        self, key: str, delta: int, ttl: float | None, now: float, floor: bool = False
+    ) -> None:
         value = (self._value(key, now) if self._key_expiry else self._values.get(key, 0)) + delta
         if floor and value < 0:
             value = 0

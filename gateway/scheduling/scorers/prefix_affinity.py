@@ -23,7 +23,8 @@ TYPE = "prefix-affinity"
 class Params:
     #: Matches shorter than this many tokens score 0.
     min_match_tokens: int = 0
-    #: A match this long (tokens) or longer earns its full fraction; shorter ones proportionally less.
+    #: A match this long (tokens) or longer earns its full fraction; shorter ones
+    #: proportionally less.
     full_credit_tokens: int = 4096
 
     def __post_init__(self) -> None:
