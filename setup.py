@@ -24,20 +24,20 @@ from setuptools import setup
 # Each compiled module, with the test files that exercise it: scripts/test runs
 # these (and tests/test_compiled_build.py) a second time on a compiled copy.
 COMPILED_MODULES = {
-    "gateway/forward/rawbody.py": ["tests/test_rawbody.py"],
-    "gateway/forward/reassemble.py": ["tests/test_reassemble.py"],
-    "gateway/forward/sse.py": ["tests/test_sse.py"],
-    "gateway/ingress/protocol.py": ["tests/test_protocol.py"],
-    "gateway/observability/cells.py": ["tests/test_fastmetrics.py"],
-    "gateway/policy/estimate.py": ["tests/test_tokens.py"],
-    "gateway/scheduling/hashing.py": ["tests/test_scheduling.py"],
-    "gateway/scheduling/prefix.py": ["tests/test_prefix.py"],
-    "gateway/scheduling/scorers/estimated_ttft.py": ["tests/test_scheduling.py"],
-    "gateway/scheduling/scorers/kv_headroom.py": ["tests/test_scheduling.py"],
-    "gateway/scheduling/scorers/least_load.py": ["tests/test_scheduling.py"],
-    "gateway/scheduling/scorers/prefix_affinity.py": ["tests/test_scheduling.py"],
-    "gateway/scheduling/scorers/queue_depth.py": ["tests/test_scheduling.py"],
-    "gateway/scheduling/scorers/session_affinity.py": ["tests/test_scheduling.py"],
+    "gateway/forward/rawbody.py": ["tests/forward/test_rawbody.py"],
+    "gateway/forward/reassemble.py": ["tests/forward/test_reassemble.py"],
+    "gateway/forward/sse.py": ["tests/forward/test_sse.py"],
+    "gateway/ingress/protocol.py": ["tests/ingress/test_protocol.py"],
+    "gateway/observability/cells.py": ["tests/observability/test_fastmetrics.py"],
+    "gateway/policy/estimate.py": ["tests/policy/test_tokens.py"],
+    "gateway/scheduling/hashing.py": ["tests/scheduling/test_scheduling.py"],
+    "gateway/scheduling/prefix.py": ["tests/scheduling/test_prefix.py"],
+    "gateway/scheduling/scorers/estimated_ttft.py": ["tests/scheduling/test_scheduling.py"],
+    "gateway/scheduling/scorers/kv_headroom.py": ["tests/scheduling/test_scheduling.py"],
+    "gateway/scheduling/scorers/least_load.py": ["tests/scheduling/test_scheduling.py"],
+    "gateway/scheduling/scorers/prefix_affinity.py": ["tests/scheduling/test_scheduling.py"],
+    "gateway/scheduling/scorers/queue_depth.py": ["tests/scheduling/test_scheduling.py"],
+    "gateway/scheduling/scorers/session_affinity.py": ["tests/scheduling/test_scheduling.py"],
 }
 
 _BUILD_COMMANDS = {"build", "build_ext", "bdist", "bdist_wheel", "install"}

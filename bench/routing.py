@@ -38,6 +38,7 @@ from bench.routing_workloads import (
     load_trace,
     unique_workload,
 )
+from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import (
     AdmissionConfig,
     GatewayConfig,
@@ -47,7 +48,6 @@ from gateway.config.schema import (
     TimeoutsConfig,
 )
 from gateway.http.serving import BackgroundServers, free_port
-from gateway.scheduling.config import SchedulingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

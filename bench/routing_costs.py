@@ -12,12 +12,12 @@ from prometheus_client import CollectorRegistry
 from starlette.datastructures import Headers
 
 from bench.routing_workloads import words
+from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import ReplicaConfig
 from gateway.deadlines.client import ClientDeadlines
 from gateway.ingress.protocol import parse_request, prompt_parts
 from gateway.pipeline.context import Parsed, RequestContext
 from gateway.replicas.registry import Replica
-from gateway.scheduling.config import SchedulingConfig
 from gateway.scheduling.prefix import prefix_blocks
 from gateway.scheduling.router import build_router
 

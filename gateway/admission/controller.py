@@ -17,7 +17,7 @@ Per replica, a request is admitted when (all in tokens unless noted):
   known capacity, `unknown_capacity_max_in_flight`.
 With one gateway the trackers are the ledger and a fit is a grant (no
 suspension in between); with a shared store the same limits go into one
-atomic `StateStore.reserve` (see `gateway.ledger`).
+atomic `StateStore.reserve` (see `gateway.admission.ledger`).
 
 Leaving: admitted; 503 `deadline_unreachable` as soon as the remaining time
 cannot cover the estimated TTFT; 504 at the deadline
@@ -69,7 +69,7 @@ class AdmissionController:
     ) -> None:
         self._cfg = cfg
         self._store: StateStore = store if store is not None else MemoryStateStore(clock)
-        # An in-process store: the trackers below are the ledger (`gateway.ledger`).
+        # An in-process store: the trackers below are the ledger (`gateway.admission.ledger`).
         self._local = not getattr(self._store, "shared", True)
         self._clock = clock
         self.metrics = metrics

@@ -1,6 +1,6 @@
 """One timer per request for its deadline and the current exchange phase.
 
-A request is bounded by its deadline (`gateway.deadlines`) and, while
+A request is bounded by its deadline (`gateway.deadlines.deadline`) and, while
 talking to an engine, by the timeout of the current phase: connect, first
 byte, and the idle gap before every stream chunk. With `asyncio.timeout`
 each of those is its own event-loop timer (on uvloop, a libuv timer handle

@@ -1,7 +1,7 @@
 """llama.cpp (`llama-server`) adapter.
 
 Non-streaming client requests are sent upstream as streams and reassembled
-(`gateway.reassemble`), because llama.cpp only notices a dropped
+(`gateway.forward.reassemble`), because llama.cpp only notices a dropped
 non-streaming connection after a second of total inactivity; connections are
 not reused after a stream, because llama-server closes them.
 

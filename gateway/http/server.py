@@ -2,7 +2,8 @@
 
 It serves the gateway's public listener (`listen.server: lean`, the default):
 uvicorn's per-request machinery costs ~50 µs of CPU per small proxied request
-at concurrency 1 over a plain protocol (`docs/performance.md`). Only what an
+at concurrency 1 over a plain protocol (measured: bench/results/
+performance-notes-2026.md; see gateway/http/README.md). Only what an
 HTTP/1.1 API server needs: ASGI 3 `http` (spec 2.4) and `lifespan`; no
 websockets, no TLS, no HTTP/2 (upgrade requests are answered as plain HTTP/1.1,
 see `gateway.http.connection`).

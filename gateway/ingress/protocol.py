@@ -26,7 +26,7 @@ class ParsedRequest:
     """A parsed request. Stages edit `body` at the top level only, by assigning
     or removing keys (never by mutating a nested value in place): the forwarder
     then sends the client's own bytes (`raw`), with added keys spliced in,
-    whenever no key the client sent was changed (`gateway.rawbody`)."""
+    whenever no key the client sent was changed (`gateway.forward.rawbody`)."""
 
     endpoint: Endpoint
     body: dict[str, Any]

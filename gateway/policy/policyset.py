@@ -1,7 +1,7 @@
 """Task policies: the schema of `policies/*.yaml` and the validated, immutable set.
 
 A file holds one policy (a mapping), several (a list, or `---` separated
-documents). Every policy is decoded strictly (`gateway.configtools`), then
+documents). Every policy is decoded strictly (`gateway.config.decode`), then
 the set is checked as a whole: unique names, unique `X-Task` values and
 model aliases, and references from the auth config (tenant default and
 allowed tasks, the isolation secret). `load_policy_set` returns a new
@@ -69,7 +69,7 @@ class DeadlineSpec:
 
 @dataclass(frozen=True, slots=True)
 class TimeoutsSpec:
-    """Per-task overrides of the config's `timeouts` (read by gateway.deadlines)."""
+    """Per-task overrides of the config's `timeouts` (read by gateway.deadlines.deadline)."""
 
     connect_s: float | None = None
     first_byte_s: float | None = None

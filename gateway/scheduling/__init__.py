@@ -1,5 +1,5 @@
-"""Routing: filters → weighted scorers → one picker (see `router.py`).
+"""Routing: filters → weighted scorers → one picker (see `router.py` and README.md).
 
-Kept import-free so `gateway.scheduling.config` can be imported by
-`gateway.config` without cycles.
+The configuration it runs is plain data in `gateway.config.scheduling`;
+`validate.py` checks its plugin specs against the registry.
 """

@@ -28,11 +28,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import AdmissionConfig, ReplicaConfig
 from gateway.ingress.protocol import parse_request
 from gateway.policy.estimate import estimate_text
 from gateway.policy.tokens import estimate_request
-from gateway.scheduling.config import SchedulingConfig
 from tests.gwharness import RunningGateway, running_gateway
 
 from .llamaserver import N_CTX_PER_SLOT, PARALLEL

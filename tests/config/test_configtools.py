@@ -145,7 +145,7 @@ def test_config_is_plain_data_and_imports_no_plugins() -> None:
 
 def test_shipped_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_API_KEY", "x")
-    cfg = load_config(Path(__file__).parent.parent / "config" / "gateway.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "gateway.yaml")
     assert isinstance(cfg, GatewayConfig)
     assert check(cfg.scheduling) == []
     assert [r.kind for r in cfg.replicas] == ["vllm", "vllm", "llamacpp"]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import AdmissionConfig, ReplicaConfig
-from gateway.scheduling.config import SchedulingConfig
 from gateway.sim.cluster import SimCluster
 from tests.gwharness import RunningGateway, running_gateway
 

@@ -21,7 +21,7 @@ from gateway.config.schema import AdmissionConfig, GatewayConfig, HealthConfig, 
 from gateway.http.exchange import DISCONNECT_EXTENSION
 from gateway.http.serving import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BODY = (
     b'{"stream": true, "model": "m", "max_tokens": 8, '
     b'"messages": [{"role": "user", "content": "hi"}]}'

@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry
 from starlette.datastructures import Headers
 
 from gateway.config.decode import ConfigError, decode
+from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import GatewayConfig, ReplicaConfig
 from gateway.deadlines.client import ClientDeadlines
 from gateway.ingress.protocol import parse_request
 from gateway.pipeline.context import Parsed, RequestContext
 from gateway.replicas.registry import Replica
-from gateway.scheduling.config import SchedulingConfig
 from gateway.scheduling.interfaces import clamp01
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.router import Router, SchedulingRouter, build_router

@@ -19,7 +19,7 @@ from gateway.config.decode import ConfigError
 from gateway.config.schema import AuthConfig
 from gateway.policy.policyset import DEFAULT_POLICY, load_policy_set
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(d: Path, **files: str) -> Path:
