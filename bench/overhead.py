@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench.loadgen import LoadResult, agent_body, make_session, merge_results, run_load, small_body
 from bench.manifest import manifest
 from bench.overhead_report import markdown, row_from, summarize
@@ -61,6 +63,8 @@ class Target:
     #: the gateway's `gateway_build_info{compiled}` ("true" / "false"); None when not a gateway
     compiled: str | None = None
     tree: Path | None = None  # the source tree it runs from (None: this one, as installed)
+    #: the redis-server the gateway keeps its state in (the gateway-redis row)
+    redis_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="add a row: the same gateway with its public listener on uvicorn instead of the lean "
         "server (bench/gateway_proc.py --server uvicorn)",
+    )
+    p.add_argument(
+        "--gateway-redis",
+        action="store_true",
+        help="add a row: the same gateway with state.backend redis (a redis-server of its own on "
+        "loopback); reports Redis round trips per request",
     )
     p.add_argument(
         "--gateway-compiled",
@@ -137,7 +147,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-_OWN_ROWS = ("direct", "gateway", "gateway-uvicorn", "gateway-compiled", "floor", "vllm-router")
+_OWN_ROWS = (
+    "direct",
+    "gateway",
+    "gateway-uvicorn",
+    "gateway-compiled",
+    "gateway-redis",
+    "floor",
+    "vllm-router",
+)
 
 
 def _parse_trees(p: argparse.ArgumentParser, specs: list[str]) -> dict[str, str]:
@@ -201,6 +219,8 @@ def _start_servers(
                 "gateway-uvicorn", [*launcher, "--server", "uvicorn"], up_url, logs, procs
             )
         )
+    if args.gateway_redis:
+        targets.append(_start_redis_gateway(_gateway_argv(args), up_url, logs, procs))
     if args.gateway_compiled:
         targets.append(_start_compiled(Path(args.gateway_compiled).resolve(), up_url, logs, procs))
     for label, tree in args.trees.items():
@@ -275,6 +295,37 @@ def _gateway_argv(args: argparse.Namespace) -> list[str]:
     )
     args.gateway_launcher = "bench.gateway_proc --server lean"
     return [sys.executable, "-m", "bench.gateway_proc", "--server", "lean"]
+
+
+def _start_redis_gateway(argv: list[str], up_url: str, logs: Path, procs: list[Proc]) -> Target:
+    """The same gateway with `state.backend: redis` (a redis-server of its own,
+    no persistence, on loopback): the cost of shared state."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("--gateway-redis: redis-server is not on PATH")
+    port = free_port()
+    redis_argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    redis_argv += ["--appendonly", "no", "--dir", str(logs)]
+    _spawn(procs, Proc("redis-server", redis_argv, logs / "redis.log"))
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    config = logs / "gateway-redis.yaml"
+    url = f"redis://127.0.0.1:{port}/0"
+    config.write_text(f"state:\n  backend: redis\n  redis:\n    url: {url}\n")
+    target = _start_gateway("gateway-redis", [*argv, "--config", str(config)], up_url, logs, procs)
+    return Target(target.name, target.url, target.proc, target.compiled, redis_port=port)
+
+
+def _redis_commands(port: int) -> float:
+    """Commands the redis-server has processed (each of the gateway's calls is
+    one script or one command: one round trip)."""
+    info = redis.Redis(port=port).info("stats")
+    return float(info["total_commands_processed"])
 
 
 def _start_compiled(tree: Path, up_url: str, logs: Path, procs: list[Proc]) -> Target:
@@ -394,13 +445,20 @@ async def _measure_cell(
     for target in targets:
         res = merge_results([w[0] for w in windows[target.name]])
         cpu = {k: sum(w[1][k] for w in windows[target.name]) for k in windows[target.name][0][1]}
-        rows.append(row_from(target.name, sc.name, sc.concurrency, sc.stream, res, cpu))
+        row = row_from(target.name, sc.name, sc.concurrency, sc.stream, res, cpu)
+        if "redis_commands" in cpu:
+            # A window's count includes the INFO that opened it.
+            calls = cpu["redis_commands"] - budget.rounds
+            row["redis_round_trips_per_req"] = round(calls / max(res.ok, 1), 2)
+        rows.append(row)
     return rows
 
 
 def _cpu_snapshot(target: Target, upstream: Proc) -> dict[str, float]:
     snap = {"client": self_cpu_seconds(), "upstream": tree_cpu_seconds(upstream.pid)}
     snap["proxy"] = tree_cpu_seconds(target.proc.pid) if target.proc is not None else 0.0
+    if target.redis_port is not None:
+        snap["redis_commands"] = _redis_commands(target.redis_port)
     return snap
 
 

@@ -296,6 +296,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(_f(c) for c in cells) + " |")
     lines += _cpu_by_target(result["rows"])
+    lines += _redis_section(result["rows"])
     lines += ["", "## Targets", ""]
     for t in result["summary"]["targets"]:
         lines.append(
@@ -305,3 +306,36 @@ def markdown(result: dict[str, Any]) -> str:
     if not result["summary"]["targets"]:
         lines.append("- (no targets evaluable in this run)")
     return "\n".join(lines) + "\n"
+
+
+def _redis_section(rows: list[dict[str, Any]]) -> list[str]:
+    """gateway-redis against gateway (in-process state), cell by cell."""
+    local = {(r["scenario"], r["concurrency"]): r for r in rows if r["target"] == "gateway"}
+    shared = [r for r in rows if r["target"] == "gateway-redis"]
+    if not shared:
+        return []
+    lines = [
+        "",
+        "## Shared state in Redis vs in-process (same run)",
+        "",
+        "| scenario | c | +p50 ms | +p99 ms | Redis round trips/req | CPU/req ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in shared:
+        base = local.get((r["scenario"], r["concurrency"]))
+        if base is None:
+            continue
+        cells = [
+            r["scenario"],
+            r["concurrency"],
+            _diff(r["p50_ms"], base["p50_ms"]),
+            _diff(r["p99_ms"], base["p99_ms"]),
+            r.get("redis_round_trips_per_req"),
+            _ratio(r["proxy_cpu_us_per_req"], base["proxy_cpu_us_per_req"]),
+        ]
+        lines.append("| " + " | ".join(_f(c) for c in cells) + " |")
+    return lines
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 3)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from gateway.admin import build_admin_app
 from gateway.admission.controller import AdmissionController
 from gateway.admission.metrics import AdmissionMetrics
-from gateway.config.schema import GatewayConfig
+from gateway.config.schema import GatewayConfig, StateConfig
 from gateway.errors import GatewayError, NotFound, error_response, render_server_error
 from gateway.forward.forwarder import Forwarder
 from gateway.forward.upstream import UpstreamClient
@@ -37,8 +37,10 @@ from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
 from gateway.replicas.poller import LiveStatePoller
 from gateway.replicas.registry import HealthMonitor, ReplicaRegistry
+from gateway.scheduling.affinity import SessionAffinity
 from gateway.scheduling.router import build_router
-from gateway.state import MemoryStateStore
+from gateway.state import MemoryStateStore, StateStore
+from gateway.state.failover import FailoverStore
 
 log = logging.getLogger("gateway")
 
@@ -50,7 +52,7 @@ class Gateway:
         self.registry = ReplicaRegistry(cfg.replicas)
         self.client = UpstreamClient(cfg.upstream)
         self.health = HealthMonitor(self.registry, self.client, cfg.health)
-        self.store = MemoryStateStore()
+        self.store, self.failover = build_state_store(cfg.state, self.metrics)
         self.policy = PolicyStage(cfg, self.registry, self.client, self.metrics.registry)
         self.admission = AdmissionController(
             cfg.admission, self.registry, self.store, AdmissionMetrics(self.metrics.registry)
@@ -72,6 +74,11 @@ class Gateway:
             ),
             admission=self.admission,
             forwarder=Forwarder(cfg, self.client),
+            affinity=(
+                SessionAffinity(self.store, cfg.scheduling.index_ttl_s)
+                if self.failover is not None
+                else None
+            ),
         )
         self.pipeline = Pipeline(cfg, self.registry, stages, self.metrics)
         # Request ids: a random 64-bit prefix per process + a counter (unique across
@@ -103,6 +110,8 @@ class Gateway:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.client.start()
         try:
+            if self.failover is not None:
+                await self.failover.start()  # never raises: an outage is `on_failure`'s
             await self.health.check_all()
             await self.health.start()
             await self.poller.poll_all()
@@ -111,7 +120,10 @@ class Gateway:
         finally:
             await self.poller.stop()
             await self.health.stop()
-            await self.client.close()
+            try:
+                await self.store.close()
+            finally:
+                await self.client.close()
 
     def _build_public_app(self) -> PublicApp:
         routes = [
@@ -144,12 +156,16 @@ class Gateway:
 
     async def readyz(self, request: Request) -> Response:
         healthy = len(self.registry.healthy())
+        failover = self.failover
+        # Not ready while requests that need shared state would get 503 (on_failure: closed).
+        ready = bool(healthy) and (failover is None or failover.ready)
         body = {
-            "status": "ready" if healthy else "not_ready",
+            "status": "ready" if ready else "not_ready",
             "healthy_replicas": healthy,
             "replicas": len(self.registry),
+            "state_store": "memory" if failover is None else ("up" if failover.up else "down"),
         }
-        return JSONResponse(body, status_code=200 if healthy else 503)
+        return JSONResponse(body, status_code=200 if ready else 503)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -170,6 +186,41 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # Starlette re-raises `exc` after this answer: the server logs it.
     return error_response(GatewayError("Internal server error"))
+
+
+def build_state_store(
+    cfg: StateConfig, metrics: GatewayMetrics
+) -> tuple[StateStore, FailoverStore | None]:
+    """The store `state` describes, and its failover wrapper when shared
+    (the lifespan starts its probe and reads its readiness)."""
+    if cfg.backend == "memory" or cfg.redis is None:
+        return MemoryStateStore(), None
+    # Imported here: the redis client is loaded only by gateways that use it.
+    from gateway.state.redis import RedisStateStore
+
+    rc = cfg.redis
+    sentinel = rc.sentinel
+    shared = RedisStateStore.from_settings(
+        rc.url,
+        sentinel_master=sentinel.master if sentinel else None,
+        sentinel_nodes=sentinel.addresses if sentinel else None,
+        cluster=rc.cluster,
+        pool_size=rc.pool_size,
+        connect_timeout_s=rc.connect_timeout_s,
+        command_timeout_s=rc.command_timeout_s,
+        key_prefix=cfg.key_prefix,
+        lease_ttl_s=rc.lease_ttl_s,
+    )
+    store = FailoverStore(
+        shared,
+        MemoryStateStore(),
+        on_failure=rc.on_failure,
+        probe_interval_s=rc.probe_interval_s,
+        # a call may have to open a connection first
+        call_timeout_s=rc.connect_timeout_s + rc.command_timeout_s,
+        metrics=metrics,
+    )
+    return store, store
 
 
 def create_app(cfg: GatewayConfig) -> Gateway:

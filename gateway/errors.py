@@ -14,6 +14,8 @@
      ├── RateLimited                  (429 rate_limit_exceeded / session_budget_exceeded)
      ├── Overloaded                   (503 overloaded; queue full, shed early)
      ├── NoHealthyReplica             (503 no_healthy_replica)
+     ├── StateUnavailable             (503 state_unavailable; shared state store down,
+     │                                 `state.redis.on_failure: closed`)
      ├── DeadlineExceeded             (504 deadline_exceeded)
      ├── UpstreamTimeout              (504 upstream_timeout: first byte / idle gap)
      ├── UpstreamError                (engine error, status kept, normalised body)
@@ -155,6 +157,17 @@ class Overloaded(GatewayError):
 class NoHealthyReplica(Overloaded):
     code = "no_healthy_replica"
     reason = "no_healthy_replica"
+
+
+class StateUnavailable(GatewayError):
+    """The shared state store (Redis) is down and `state.redis.on_failure` is
+    `closed`: a request that needs shared state is refused at once rather than
+    served with limits this instance alone enforces."""
+
+    status = 503
+    type = "overloaded_error"
+    code = "state_unavailable"
+    reason = "state_unavailable"
 
 
 class DeadlineExceeded(GatewayError):

@@ -42,7 +42,7 @@ from gateway.admission.livestate import ReplicaLive
 from gateway.admission.metrics import AdmissionMetrics
 from gateway.admission.queue import AdmissionQueue, Entry, QueueFull
 from gateway.config.schema import PRIORITY_CLASSES, AdmissionConfig
-from gateway.errors import BadRequest, NoHealthyReplica, Overloaded
+from gateway.errors import BadRequest, NoHealthyReplica, Overloaded, StateUnavailable
 from gateway.pipeline.context import RequestContext
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.state import MemoryStateStore, StateStore
@@ -277,7 +277,15 @@ class AdmissionController:
                 if w.future.done():
                     self.queue.remove(entry)
                     continue
-                lease = await self._try_ranked(w.ctx, w.ranked, w.cls)
+                try:
+                    lease = await self._try_ranked(w.ctx, w.ranked, w.cls)
+                except StateUnavailable as err:
+                    # The shared ledger cannot be reached (`on_failure: closed`):
+                    # this waiter gets the 503; the next one tries again.
+                    self.queue.remove(entry)
+                    if not w.future.done():
+                        w.future.set_exception(err)
+                    continue
                 if lease is None:
                     break
                 if w.future.done():  # cancelled while we reserved

@@ -5,7 +5,7 @@ With an in-process store (one gateway) the admission trackers hold them:
 the check "does it still fit?" and the update run without suspending, so
 they are atomic on the event loop (`Lease`). With a store that several
 gateway instances share, a lease is also one atomic `reserve` with a claim
-on each counter (`adm:<replica>:kv|prefill|inflight`), so the instances
+on each counter (`adm:{<replica>}:kv|prefill|inflight`), so the instances
 never oversubscribe together (`SharedLease`).
 
 When the first response byte arrives the prefill work is done: the lease
@@ -22,6 +22,7 @@ import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
+from gateway.errors import StateUnavailable
 from gateway.replicas.registry import Replica
 from gateway.state import Claim, Reservation, StateStore
 
@@ -49,7 +50,8 @@ class Limits(NamedTuple):
 
 @functools.lru_cache(maxsize=1024)
 def keys(replica: str) -> tuple[str, str, str]:
-    base = f"adm:{replica}:"
+    """The replica's three counters; `{...}` keeps them in one Redis Cluster slot."""
+    base = "adm:{" + replica.replace("{", "(").replace("}", ")") + "}:"
     return base + "kv", base + "prefill", base + "inflight"
 
 
@@ -151,7 +153,10 @@ class SharedLease(Lease):
             rest = [
                 Claim(c.key, c.amount) for c in self._res.claims if not c.key.endswith(":prefill")
             ]
-            new = await self._store.reserve(rest, self._ttl_s)
+            try:
+                new = await self._store.reserve(rest, self._ttl_s)
+            except StateUnavailable:
+                return  # the prefill claim stays held until the lease closes
             old, self._res = self._res, new.reservation
             await self._store.release(old)
             held, self.prefill_held = self.prefill_held, 0

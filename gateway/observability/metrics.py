@@ -117,3 +117,16 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
+        self.state_store_up = Gauge(
+            "gateway_state_store_up",
+            "1 while the shared state store (state.backend: redis) answers; always 1 with "
+            "the in-process store.",
+            registry=r,
+        )
+        self.state_store_up.set(1)
+        self.state_store_fallbacks = Counter(
+            "gateway_state_store_fallbacks",
+            "Times the shared state store was lost: on_failure open switched to in-process "
+            "state, closed started answering 503 state_unavailable.",
+            registry=r,
+        )

@@ -104,6 +104,8 @@ class Routing:
     cached_tokens: dict[str, int] = field(default_factory=dict)
     #: the llama.cpp slot the router wrote into the body (cleared on a retry elsewhere)
     pinned_slot: int | None = None
+    #: the session's replica as the shared state store knows it (several instances)
+    session_replica: str | None = None
 
 
 @dataclass(slots=True, eq=False)

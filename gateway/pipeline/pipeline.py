@@ -39,6 +39,7 @@ from gateway.pipeline.settle import Settle
 from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
 from gateway.replicas.registry import Replica, ReplicaRegistry
+from gateway.scheduling.affinity import SessionAffinity
 from gateway.scheduling.router import Router
 
 
@@ -51,6 +52,8 @@ class Stages:
     router: Router
     admission: AdmissionController
     forwarder: Forwarder
+    #: session → replica through the shared state store (several instances), if any
+    affinity: SessionAffinity | None = None
 
 
 class Pipeline:
@@ -128,12 +131,16 @@ class Pipeline:
     async def _attempt(self, ctx: RequestContext, candidates: list[Replica], send: Send) -> None:
         s = self.stages
         ctx.progress = "routing"
+        if s.affinity is not None and ctx.attempts == 0:
+            await s.affinity.lookup(ctx)
         ranking = s.router.rank(ctx, candidates)
         ctx.progress = "queued"
         async with s.admission.acquire(ctx, ranking.replicas) as lease:
             replica = ctx.replica = lease.replica
             ctx.attempts += 1
             s.router.on_routed(ctx, ranking, replica)
+            if s.affinity is not None:
+                await s.affinity.remember(ctx, replica.name)
             try:
                 await s.forwarder.forward(ctx, replica, send)
             except UpstreamNeverReached:

@@ -12,10 +12,17 @@ reservation is settled with what really happened:
 - requests: 1 (the session counts it only if an engine was reached);
 - concurrency: 0 (released).
 
-Keys (prefix `state.key_prefix`): `t:<tenant>:conc`, `t:<tenant>:rpm:<minute>`,
-`t:<tenant>:tpm:<minute>` (fixed one-minute windows), and per session
-`s:<hash of tenant + session key>:{req,tok,first,last}` expiring after the
-policy's `session.idle_ttl_s` without activity.
+Requests and tokens per minute are sliding windows (an amount counts for
+60 s from when it was reserved), so a burst across a minute boundary cannot
+reach twice the limit. A session's first- and last-seen times are stamped in
+the same store operation as its reservation: one round trip per request.
+
+Keys (the store adds `state.key_prefix`; `{...}` is a Redis Cluster hash tag,
+so the keys of one request share a slot): `t:{<tenant>}:conc|rpm|tpm`, and per
+session `<tag>:s:<hash of tenant + session key>:req|tok|first|last`, where
+the tag is the tenant's when it has limits (one reserve covers both) else
+the session's own; session keys expire after the policy's
+`session.idle_ttl_s` without activity.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ from gateway.errors import RateLimited
 from gateway.pipeline.context import RequestContext
 from gateway.policy.policyset import SessionSpec
 from gateway.state import Claim, Reservation, StateStore
+from gateway.state.base import ReserveResult, Stamp
 
-WINDOW_S = 60
+WINDOW_S = 60.0
 _RESERVATION_SLACK_S = 60.0
 
 
@@ -67,7 +75,6 @@ class Budgets:
         self._cfg = cfg
         self._store = store
         self._wall = wall
-        self._prefix = cfg.state.key_prefix
         self.rejections = Counter(
             "gateway_budget_rejections",
             "Requests refused by a tenant limit or session budget, by reason.",
@@ -100,36 +107,41 @@ class Budgets:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0)
         rules = self._tenant_rules(ctx, worst)
         session = ctx.contract.policy.session if ctx.contract is not None else None
-        skey = self._session_key(ctx) if session is not None else None
+        skey = self._session_key(ctx, bool(rules)) if session is not None else None
+        stamps: list[Stamp] = []
+        now = self._wall()
         if session is not None and skey is not None:
-            await self._check_duration(ctx, skey, session)
             rules += self._session_rules(skey, session, worst)
+            now_ms = int(now * 1000)
+            stamps = [
+                Stamp(skey + ":first", now_ms, session.idle_ttl_s, only_if_absent=True),
+                Stamp(skey + ":last", now_ms, session.idle_ttl_s),
+            ]
         if not rules:
             return None
-        res = await self._reserve(ctx, rules)
-        if session is not None and skey is not None:
-            await self._store.put(skey + ":last", int(self._wall() * 1000), session.idle_ttl_s)
-        return res, rules, worst
+        result = await self._store.reserve(
+            [r.claim for r in rules], self._reservation_ttl(ctx), stamps
+        )
+        if session is not None and stamps:
+            await self._check_duration(ctx, session, result, now)
+        if result.reservation is None:
+            rule = next(r for r in rules if r.claim.key == result.failed_key)
+            raise self._refusal(rule, result)
+        return result.reservation, rules, worst
 
     async def _exit(self, ctx: RequestContext, held: tuple[Reservation, list[Rule], int]) -> None:
         res, rules, worst = held
         actual = {r.claim.key: _kept(r, ctx, worst) for r in rules}
         await asyncio.shield(self._store.settle(res, actual))
 
-    async def _reserve(self, ctx: RequestContext, rules: list[Rule]) -> Reservation:
+    def _reservation_ttl(self, ctx: RequestContext) -> float:
         now = time.monotonic()
         remaining = (ctx.deadline.at if ctx.deadline is not None else now) - now
-        result = await self._store.reserve(
-            [r.claim for r in rules], max(1.0, remaining) + _RESERVATION_SLACK_S
-        )
-        if result.reservation is not None:
-            return result.reservation
-        rule = next(r for r in rules if r.claim.key == result.failed_key)
-        raise self._refusal(ctx, rule, result.current)
+        return max(1.0, remaining) + _RESERVATION_SLACK_S
 
-    def _refusal(self, ctx: RequestContext, rule: Rule, current: int) -> RateLimited:
+    def _refusal(self, rule: Rule, result: ReserveResult) -> RateLimited:
         self.rejections.labels(rule.reason).inc()
-        c = rule.claim
+        c, current = rule.claim, result.current
         what = {
             "conc": "concurrent requests",
             "requests": "requests per minute",
@@ -143,7 +155,10 @@ class Budgets:
             f"reserved and this request needs {c.amount}."
         )
         fits_at_all = c.limit is not None and c.amount <= c.limit
-        retry = rule.retry_after if fits_at_all else None
+        retry = rule.retry_after
+        if c.window_s is not None:
+            retry = result.retry_after_s if result.retry_after_s is not None else c.window_s
+        retry = retry if fits_at_all else None
         err = RateLimited(
             message,
             code="session_budget_exceeded" if rule.session else "rate_limit_exceeded",
@@ -156,12 +171,9 @@ class Budgets:
 
     def _tenant_rules(self, ctx: RequestContext, worst: int) -> list[Rule]:
         tenant = self._cfg.auth.tenants.get(ctx.tenant) if ctx.tenant is not None else None
-        if tenant is None:
+        if tenant is None or ctx.tenant is None:
             return []
-        base = f"{self._prefix}t:{ctx.tenant}"
-        now = self._wall()
-        window = int(now // WINDOW_S)
-        to_next = (window + 1) * WINDOW_S - now
+        base = f"t:{{{_tag(ctx.tenant)}}}"
         ttl = 2.0 * WINDOW_S
         rules = []
         if tenant.max_concurrent is not None:
@@ -174,18 +186,22 @@ class Budgets:
                 )
             )
         if tenant.requests_per_min is not None:
-            claim = Claim(f"{base}:rpm:{window}", 1, tenant.requests_per_min, ttl)
-            rules.append(Rule(claim, "tenant_requests_per_min", "requests", to_next))
+            claim = Claim(f"{base}:rpm", 1, tenant.requests_per_min, ttl, WINDOW_S)
+            rules.append(Rule(claim, "tenant_requests_per_min", "requests"))
         if tenant.tokens_per_min is not None:
-            claim = Claim(f"{base}:tpm:{window}", worst, tenant.tokens_per_min, ttl)
-            rules.append(Rule(claim, "tenant_tokens_per_min", "tokens", to_next))
+            claim = Claim(f"{base}:tpm", worst, tenant.tokens_per_min, ttl, WINDOW_S)
+            rules.append(Rule(claim, "tenant_tokens_per_min", "tokens"))
         return rules
 
-    def _session_key(self, ctx: RequestContext) -> str | None:
+    def _session_key(self, ctx: RequestContext, with_tenant: bool) -> str | None:
+        """The session's key stem; it shares the tenant's hash tag when the
+        tenant's claims go into the same reserve."""
         if not ctx.session_key:
             return None
         digest = xxhash.xxh3_128_hexdigest(f"{ctx.tenant or ''}\x00{ctx.session_key}".encode())
-        return f"{self._prefix}s:{digest}"
+        if with_tenant and ctx.tenant is not None:
+            return f"t:{{{_tag(ctx.tenant)}}}:s:{digest}"
+        return f"s:{{{digest}}}"
 
     def _session_rules(self, skey: str, spec: SessionSpec, worst: int) -> list[Rule]:
         ttl = spec.idle_ttl_s
@@ -200,26 +216,29 @@ class Budgets:
             ),
         ]
 
-    async def _check_duration(self, ctx: RequestContext, skey: str, spec: SessionSpec) -> None:
-        now = self._wall()
-        first_ms = await self._store.put(
-            skey + ":first", int(now * 1000), spec.idle_ttl_s, only_if_absent=True
-        )
+    async def _check_duration(
+        self, ctx: RequestContext, spec: SessionSpec, result: ReserveResult, now: float
+    ) -> None:
+        """Refuse a session past its wall-time budget (the reservation just made
+        is given back); else bound this request's deadline by what is left."""
+        first_ms = result.stamps[0] if result.stamps else int(now * 1000)
         if spec.max_duration_s is None:
             return
         left = first_ms / 1000 + spec.max_duration_s - now
-        if left <= 0:
-            self.rejections.labels("session_duration").inc()
-            err = RateLimited(
-                f"Session budget exceeded (session_duration): the session started "
-                f"{math.floor(now - first_ms / 1000)} s ago and may last "
-                f"{spec.max_duration_s:g} s.",
-                code="session_budget_exceeded",
-                reason="session_duration",
-            )
-            err.should_retry = False
-            raise err
-        deadlines.tighten(ctx, time.monotonic() + left, "session")
+        if left > 0:
+            deadlines.tighten(ctx, time.monotonic() + left, "session")
+            return
+        if result.reservation is not None:
+            await self._store.release(result.reservation)
+        self.rejections.labels("session_duration").inc()
+        err = RateLimited(
+            f"Session budget exceeded (session_duration): the session started "
+            f"{math.floor(now - first_ms / 1000)} s ago and may last {spec.max_duration_s:g} s.",
+            code="session_budget_exceeded",
+            reason="session_duration",
+        )
+        err.should_retry = False
+        raise err
 
 
 def _kept(rule: Rule, ctx: RequestContext, worst: int) -> int:
@@ -246,3 +265,8 @@ def _tokens_used(ctx: RequestContext, worst: int) -> int:
     if total is not None:
         return min(max(0, total), worst)
     return worst if ctx.upstream_status == 200 else 0
+
+
+def _tag(name: str) -> str:
+    """A name usable inside a Redis Cluster hash tag (no braces)."""
+    return name.replace("{", "(").replace("}", ")")

@@ -158,7 +158,9 @@ class SchedulingRouter:
             hot,
             tie_key=ctx.session_key or f"{blocks.head:x}",
         )
-        cycle.session_target = self._session_target(ctx.session_key, candidates)
+        cycle.session_target = self._session_target(
+            ctx.session_key, candidates, ctx.routing.session_replica
+        )
         return cycle
 
     def prompt_tokens(self, ctx: RequestContext, blocks: PrefixBlocks) -> int:
@@ -193,10 +195,14 @@ class SchedulingRouter:
             engine=view,
         )
 
-    def _session_target(self, key: str | None, candidates: list[Replica]) -> str | None:
+    def _session_target(
+        self, key: str | None, candidates: list[Replica], shared: str | None = None
+    ) -> str | None:
+        """The session's replica: where the shared store (several instances) or
+        this instance last sent it, else a bounded-load hash of its key."""
         if not key or not candidates:
             return None
-        known = self._tracker.session_replica(key)
+        known = shared or self._tracker.session_replica(key)
         if known is not None and any(r.name == known for r in candidates):
             return known
         counts = self._tracker.session_counts()

@@ -20,11 +20,28 @@ class Claim(NamedTuple):
     amount: int
     limit: int | None = None
     key_ttl_s: float | None = None
+    #: A sliding window: the amount counts against `limit` for `window_s`
+    #: seconds from when it was reserved (a settled amount too), then drops
+    #: out (tenant requests and tokens per minute). None: a plain counter.
+    window_s: float | None = None
+
+
+class Stamp(NamedTuple):
+    """Set a plain value in the same atomic step as a reserve (e.g. a session's
+    first- and last-seen times), whether or not the claims fit."""
+
+    key: str
+    value: int
+    key_ttl_s: float | None = None
+    only_if_absent: bool = False
 
 
 class Reservation(NamedTuple):
     id: str
     claims: tuple[Claim, ...]
+    #: when it was reserved, in the store's clock (seconds): a window claim's
+    #: settled amount counts until `at + window_s`
+    at: float = 0.0
 
 
 class ReserveResult(NamedTuple):
@@ -32,10 +49,19 @@ class ReserveResult(NamedTuple):
     failed_key: str | None = None
     current: int = 0
     limit: int | None = None
+    #: the values the stamps left stored, in order
+    stamps: tuple[int, ...] = ()
+    #: a window claim that failed: seconds until enough of it drops out (None: unknown)
+    retry_after_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.reservation is not None
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached (connection refused, timeout, failover in
+    progress). Raised by shared stores; the in-process store never raises it."""
 
 
 class StateStore(Protocol):
@@ -46,11 +72,16 @@ class StateStore(Protocol):
     its own memory instead. A store without the attribute counts as shared.
     """
 
-    async def reserve(self, claims: Sequence[Claim], ttl_s: float) -> ReserveResult:
-        """Atomically apply every claim, or none if any would exceed its limit.
+    async def reserve(
+        self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
+    ) -> ReserveResult:
+        """Atomically apply every claim, or none if any would exceed its limit;
+        apply `stamps` in the same step either way.
 
         The reservation expires after `ttl_s` unless settled, released or
-        renewed: a crashed holder cannot leak capacity forever."""
+        renewed: a crashed holder cannot leak capacity forever (a shared store
+        may keep a shorter expiry in the shared service and renew it while
+        the holder lives)."""
         ...
 
     async def settle(
@@ -79,7 +110,20 @@ class StateStore(Protocol):
         ...
 
     async def get(self, keys: Sequence[str]) -> list[int]:
-        """Current counter values (0 for missing keys)."""
+        """Current counter values (0 for missing keys; window claims count while
+        inside their window)."""
+        ...
+
+    async def get_text(self, key: str, refresh_ttl_s: float | None = None) -> str | None:
+        """A text value (None if missing); `refresh_ttl_s` restarts its TTL."""
+        ...
+
+    async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
+        """Set a text value that expires `key_ttl_s` after its last write or refresh."""
+        ...
+
+    async def ping(self) -> None:
+        """Return when the store answers; raise `StoreUnavailable` otherwise."""
         ...
 
     async def close(self) -> None: ...

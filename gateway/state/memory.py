@@ -3,17 +3,23 @@
 Every operation runs without awaiting in between, so it is atomic on the
 event loop. Expired reservations are rolled back lazily (on each call, a
 bounded sweep), so memory stays bounded by live reservations and keys.
+
+A counter is `base + held`: `base` is what settles and `put` left (it expires
+with the key's TTL), `held` the amounts of live reservations plus settled
+window amounts still inside their window (they leave on their own schedule,
+never with the key's TTL). The Redis store keeps the same model (README.md).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
-from gateway.state.base import Claim, Reservation, ReserveResult
+from gateway.state.base import Claim, Reservation, ReserveResult, Stamp
 
 _SWEEP_BATCH = 256
 # The expiry heap keeps an entry per reservation until its TTL (deadline +
@@ -21,6 +27,53 @@ _SWEEP_BATCH = 256
 # once it holds this many more entries than twice their number, so memory
 # follows live reservations, not the request rate × TTL.
 _COMPACT_SLACK = 1024
+# Keys and text values nobody touches again are dropped by a full scan once
+# their number doubles since the last scan (amortised O(1) per write).
+_SCAN_FLOOR = 1024
+#: A settled window amount drops out at the end of its window rounded up to
+#: the next 1/WINDOW_SLOTS of the window: at most this many entries per key,
+#: whatever the request rate, and never early (the limit holds). Shared with
+#: the Redis store so both behave alike.
+WINDOW_SLOTS = 50
+
+
+def window_drop(at: float, window_s: float) -> float:
+    """When an amount reserved at `at` leaves a window of `window_s`."""
+    slot = window_s / WINDOW_SLOTS
+    return math.ceil((at + window_s) / slot) * slot
+
+
+class _Window:
+    """A key's settled window amounts, by the time they drop out."""
+
+    __slots__ = ("amounts", "times")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []  # a heap
+        self.amounts: dict[float, int] = {}
+
+    def add(self, drop: float, amount: int) -> None:
+        if drop in self.amounts:
+            self.amounts[drop] += amount
+        else:
+            self.amounts[drop] = amount
+            heapq.heappush(self.times, drop)
+
+    def prune(self, now: float) -> int:
+        gone = 0
+        times = self.times
+        while times and times[0] <= now:
+            gone += self.amounts.pop(heapq.heappop(times))
+        return gone
+
+    def retry_after(self, need: int, now: float) -> float | None:
+        """Seconds until `need` has dropped out, or else until the first drop."""
+        dropped = 0
+        for drop, amount in sorted(self.amounts.items()):
+            dropped += amount
+            if dropped >= need:
+                return drop - now
+        return min(self.times) - now if self.times else None
 
 
 class MemoryStateStore:
@@ -30,31 +83,35 @@ class MemoryStateStore:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._values: dict[str, int] = {}
+        self._base: dict[str, int] = {}
         self._key_expiry: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+        self._windows: dict[str, _Window] = {}
+        self._texts: dict[str, tuple[str, float]] = {}
         self._live: dict[str, tuple[Reservation, float]] = {}
         self._expiry_heap: list[tuple[float, str]] = []
         self._ids = itertools.count(1)
+        self._scan_at = _SCAN_FLOOR
 
-    async def reserve(self, claims: Sequence[Claim], ttl_s: float) -> ReserveResult:
+    async def reserve(
+        self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
+    ) -> ReserveResult:
         now = self._clock()
         self._sweep(now)
-        if self._key_expiry:
-            for c in claims:
-                self._value(c.key, now)  # drops the key if it expired
-        values = self._values
+        refused = self._refusal(claims, now)
+        stored = tuple([self._stamp(s, now) for s in stamps]) if stamps else ()
+        if refused is not None:
+            return refused._replace(stamps=stored)
+        held = self._held
         for c in claims:
-            if c.limit is not None and c.amount > 0:
-                current = values.get(c.key, 0)
-                if current + c.amount > c.limit:
-                    return ReserveResult(None, c.key, current, c.limit)
-        for c in claims:
-            self._add(c.key, c.amount, c.key_ttl_s, now)
-        res = Reservation(f"m{next(self._ids)}", tuple(claims))
+            held[c.key] = held.get(c.key, 0) + c.amount
+            if c.key_ttl_s is not None:
+                self._refresh(c.key, c.key_ttl_s, now)
+        res = Reservation(f"m{next(self._ids)}", tuple(claims), now)
         expires = now + ttl_s
         self._live[res.id] = (res, expires)
         heapq.heappush(self._expiry_heap, (expires, res.id))
-        return ReserveResult(res)
+        return ReserveResult(res, stamps=stored)
 
     async def settle(
         self, reservation: Reservation, actual: Mapping[str, int] | None = None
@@ -74,11 +131,12 @@ class MemoryStateStore:
         self._compact()
 
     async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
-        self._sweep()
+        now = self._clock()
+        self._sweep(now)
         live = self._live.get(reservation.id)
-        if live is None:
+        if live is None or live[1] <= now:
             return False
-        expires = self._clock() + ttl_s
+        expires = now + ttl_s
         self._live[reservation.id] = (live[0], expires)
         heapq.heappush(self._expiry_heap, (expires, reservation.id))
         return True
@@ -86,19 +144,34 @@ class MemoryStateStore:
     async def put(
         self, key: str, value: int, key_ttl_s: float | None = None, *, only_if_absent: bool = False
     ) -> int:
-        self._sweep()
-        self._value(key)  # drops the key if it expired
-        if not (only_if_absent and key in self._values):
-            self._values[key] = value
-        if key_ttl_s is not None:
-            self._key_expiry[key] = self._clock() + key_ttl_s
-        else:
-            self._key_expiry.pop(key, None)
-        return self._values[key]
+        now = self._clock()
+        self._sweep(now)
+        return self._stamp(Stamp(key, value, key_ttl_s, only_if_absent), now)
 
     async def get(self, keys: Sequence[str]) -> list[int]:
-        self._sweep()
-        return [self._value(k) for k in keys]
+        now = self._clock()
+        self._sweep(now)
+        return [self._value(k, now) for k in keys]
+
+    async def get_text(self, key: str, refresh_ttl_s: float | None = None) -> str | None:
+        now = self._clock()
+        entry = self._texts.get(key)
+        if entry is None:
+            return None
+        if entry[1] <= now:
+            del self._texts[key]
+            return None
+        if refresh_ttl_s is not None:
+            self._texts[key] = (entry[0], now + refresh_ttl_s)
+        return entry[0]
+
+    async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
+        now = self._clock()
+        self._texts[key] = (value, now + key_ttl_s)
+        self._scan(now)
+
+    async def ping(self) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -113,16 +186,106 @@ class MemoryStateStore:
         ones not yet compacted away): bounded by 2 × live + a constant."""
         return len(self._expiry_heap)
 
-    def _finish(self, res_id: str, actual: Mapping[str, int], now: float | None = None) -> None:
+    @property
+    def tracked_keys(self) -> int:
+        """Counter keys, TTLs and text values held (for memory-bound tests)."""
+        return len(self._base) + len(self._key_expiry) + len(self._held) + len(self._texts)
+
+    def _refusal(self, claims: Sequence[Claim], now: float) -> ReserveResult | None:
+        for c in claims:
+            if c.limit is not None and c.amount > 0:
+                current = self._value(c.key, now)
+                if current + c.amount > c.limit:
+                    retry = None
+                    window = self._windows.get(c.key)
+                    if c.window_s is not None and window is not None and c.amount <= c.limit:
+                        retry = window.retry_after(current + c.amount - c.limit, now)
+                    return ReserveResult(None, c.key, current, c.limit, retry_after_s=retry)
+        return None
+
+    def _stamp(self, s: Stamp, now: float) -> int:
+        key = s.key
+        self._expire_base(key, now)
+        if not (s.only_if_absent and key in self._base):
+            self._base[key] = s.value
+        if s.key_ttl_s is not None:
+            self._key_expiry[key] = now + s.key_ttl_s
+            self._scan(now)
+        else:
+            self._key_expiry.pop(key, None)
+        return self._base[key]
+
+    def _finish(self, res_id: str, actual: Mapping[str, int], now: float) -> None:
         live = self._live.pop(res_id, None)
         if live is None:
             return
-        if now is None:
-            now = self._clock()
-        for c in live[0].claims:
-            keep = actual.get(c.key, 0)
-            # Never below 0: the claim's own amount may have expired with its key.
-            self._add(c.key, keep - c.amount, c.key_ttl_s, now, floor=True)
+        res, expires = live
+        if expires <= now:
+            actual = {}  # expired, not swept yet: roll back like the sweep would
+        held = self._held
+        for c in res.claims:
+            key = c.key
+            left = held.get(key, 0) - c.amount
+            keep = actual.get(key, 0)
+            if keep > 0 and c.window_s is None:
+                self._expire_base(key, now)
+                self._base[key] = self._base.get(key, 0) + keep
+            elif keep > 0 and c.window_s is not None:
+                drop = window_drop(res.at, c.window_s)
+                if drop > now:
+                    window = self._windows.get(key)
+                    if window is None:
+                        window = self._windows[key] = _Window()
+                    else:  # keeps a key nobody reads within WINDOW_SLOTS entries
+                        left -= window.prune(now)
+                    window.add(drop, keep)
+                    left += keep
+            if left > 0:
+                held[key] = left
+            else:
+                held.pop(key, None)
+            if c.key_ttl_s is not None:
+                self._refresh(key, c.key_ttl_s, now)
+
+    def _refresh(self, key: str, ttl_s: float, now: float) -> None:
+        self._expire_base(key, now)
+        self._key_expiry[key] = now + ttl_s
+
+    def _expire_base(self, key: str, now: float) -> None:
+        expiry = self._key_expiry.get(key) if self._key_expiry else None
+        if expiry is not None and expiry <= now:
+            self._base.pop(key, None)
+            del self._key_expiry[key]
+
+    def _value(self, key: str, now: float) -> int:
+        if self._key_expiry:
+            self._expire_base(key, now)
+        window = self._windows.get(key) if self._windows else None
+        if window is not None:
+            self._drop(key, window, now)
+        return self._base.get(key, 0) + self._held.get(key, 0)
+
+    def _drop(self, key: str, window: _Window, now: float) -> None:
+        gone = window.prune(now)
+        if gone:
+            left = self._held.get(key, 0) - gone
+            if left > 0:
+                self._held[key] = left
+            else:
+                self._held.pop(key, None)
+        if not window.times:
+            del self._windows[key]
+
+    def _scan(self, now: float) -> None:
+        """Drop expired keys and text values nobody touched again (see _SCAN_FLOOR)."""
+        if len(self._key_expiry) + len(self._texts) <= self._scan_at:
+            return
+        for key in [k for k, t in self._key_expiry.items() if t <= now]:
+            self._expire_base(key, now)
+        for key in [k for k, w in self._windows.items() if w.times[0] <= now]:
+            self._drop(key, self._windows[key], now)
+        self._texts = {k: v for k, v in self._texts.items() if v[1] > now}
+        self._scan_at = max(_SCAN_FLOOR, 2 * (len(self._key_expiry) + len(self._texts)))
 
     def _compact(self) -> None:
         """Rebuild the expiry heap from the live reservations when most of its
@@ -131,29 +294,7 @@ class MemoryStateStore:
             self._expiry_heap = [(expires, rid) for rid, (_res, expires) in self._live.items()]
             heapq.heapify(self._expiry_heap)
 
-    def _value(self, key: str, now: float | None = None) -> int:
-        expiry = self._key_expiry.get(key) if self._key_expiry else None
-        if expiry is not None and expiry <= (self._clock() if now is None else now):
-            self._values.pop(key, None)
-            self._key_expiry.pop(key, None)
-        return self._values.get(key, 0)
-
-    def _add(
-        self, key: str, delta: int, ttl: float | None, now: float, floor: bool = False
-    ) -> None:
-        value = (self._value(key, now) if self._key_expiry else self._values.get(key, 0)) + delta
-        if floor and value < 0:
-            value = 0
-        if value == 0 and ttl is None:
-            self._values.pop(key, None)
-        else:
-            self._values[key] = value
-        if ttl is not None:
-            self._key_expiry[key] = now + ttl
-
-    def _sweep(self, now: float | None = None) -> None:
-        if now is None:
-            now = self._clock()
+    def _sweep(self, now: float) -> None:
         heap = self._expiry_heap
         for _ in range(_SWEEP_BATCH):
             if not heap or heap[0][0] > now:

@@ -149,3 +149,101 @@ def test_shipped_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> Non
     assert isinstance(cfg, GatewayConfig)
     assert check(cfg.scheduling) == []
     assert [r.kind for r in cfg.replicas] == ["vllm", "vllm", "llamacpp"]
+
+
+def _redis(**redis: object) -> dict[str, object]:
+    return {"state": {"backend": "redis", "redis": redis}}
+
+
+def test_state_redis_section_is_decoded() -> None:
+    cfg = parse_config(
+        _redis(url="rediss://:pw@cache:6380/2", pool_size=8, on_failure="closed")
+    ).state
+    assert cfg.redis is not None
+    assert (cfg.redis.url, cfg.redis.pool_size, cfg.redis.on_failure) == (
+        "rediss://:pw@cache:6380/2",
+        8,
+        "closed",
+    )
+    assert cfg.redis.command_timeout_s == 0.25 and cfg.redis.probe_interval_s == 1.0
+    sentinel = parse_config(
+        _redis(url="redis://:pw@/1", sentinel={"master": "m", "nodes": ["10.0.0.1:26379"]})
+    ).state.redis
+    assert sentinel is not None and sentinel.sentinel is not None
+    assert sentinel.sentinel.addresses == (("10.0.0.1", 26379),)
+    assert parse_config(_redis(url="unix:///run/redis.sock?db=3")).state.redis is not None
+    assert parse_config({}).state.backend == "memory"
+
+
+def test_state_redis_is_refused_when_unusable() -> None:
+    assert problems({"state": {"backend": "redis"}}) == [
+        "state: backend redis needs redis.url (or redis.sentinel)"
+    ]
+    assert problems(_redis()) == [
+        "state.redis: url is required (redis://, rediss:// or unix://), or sentinel"
+    ]
+    cases = {
+        "http://cache:6379": "state.redis: url must be redis://, rediss:// or unix://",
+        "redis://cache:99999": "state.redis: url 'redis://cache:99999' cannot be parsed",
+        "redis://[::1": "state.redis: url 'redis://[::1' cannot be parsed",
+        "redis://cache/x": "state.redis: url names database 'x'",
+        "redis://cache?ssl=1": "state.redis: url must not have query parameters",
+        "redis:///0": "state.redis: url needs a host",
+        "unix://": "state.redis: url unix:// needs the socket path",
+    }
+    for url, expected in cases.items():
+        found = problems(_redis(url=url))
+        assert len(found) == 1 and found[0].startswith(expected), (url, found)
+
+
+def test_state_redis_bad_keys_name_their_path() -> None:
+    sentinel = {"master": "m", "nodes": ["s1:26379"]}
+    assert problems(_redis(url="redis://:p@/0", sentinel=sentinel, cluster=True)) == [
+        "state.redis: cluster and sentinel exclude each other: give one"
+    ]
+    assert problems(_redis(url="redis://c:1/2", cluster=True)) == [
+        "state.redis: url names database 2, but Redis Cluster has only database 0"
+    ]
+    assert problems(_redis(url="redis://c:1", command_timeout_s=0)) == [
+        "state.redis: command_timeout_s must be > 0, got 0.0"
+    ]
+    assert problems(_redis(url="redis://c:1", on_failure="maybe")) == [
+        "state.redis.on_failure: must be one of 'open', 'closed', got 'maybe'"
+    ]
+    found = problems(_redis(url="redis://c:1", pool=3))
+    assert found[0].startswith("state.redis.pool: unknown key (known keys: cluster,")
+    found = problems(_redis(sentinel={"master": "m", "nodes": ["s1"]}))
+    assert found == ["state.redis.sentinel: nodes must be host:port, got 's1'"]
+    assert problems({"state": {"key_prefix": "gw:{a}"}}) == [
+        "state: key_prefix must not contain { or } (Redis Cluster hash tags), got 'gw:{a}'"
+    ]
+    assert problems({"state": {"redis": {"url": "redis://c:1"}}}) == [
+        "state: redis is set but backend is memory: set backend: redis or remove it"
+    ]
+
+
+def test_old_redis_url_key_points_to_its_replacement() -> None:
+    found = problems({"state": {"backend": "redis", "redis_url": "redis://c:1"}})
+    assert "state.redis_url: no longer supported, use state.redis.url (see config/README.md)" in (
+        found
+    )
+
+
+def test_redis_url_env_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://:pw@cache:6379/0")
+    redis = parse_config(_redis(url="${REDIS_URL}")).state.redis
+    assert redis is not None and redis.url == "redis://:pw@cache:6379/0"
+
+
+def test_check_config_masks_the_redis_password(tmp_path: Path) -> None:
+    import os
+
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(
+        "state:\n  backend: redis\n  redis:\n    url: redis://gw:${REDIS_PASSWORD}@cache:6379/0\n"
+    )
+    result = _check_config(cfg, env={**os.environ, "REDIS_PASSWORD": "hunter2-secret"})
+    assert result.returncode == 0, result.stderr
+    assert "hunter2-secret" not in result.stdout
+    assert "url: redis://gw:***@cache:6379/0" in result.stdout
+    assert "on_failure: open" in result.stdout

@@ -150,7 +150,7 @@ def test_session_tokens_settle_with_usage() -> None:
         never = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with budgets.reserve(never):
             pass  # never reached an engine: nothing is charged
-        key = budgets._session_key(ctx)
+        key = budgets._session_key(ctx, with_tenant=False)
         assert key is not None
         return await store.get([key + ":tok", key + ":req"])
 
@@ -289,7 +289,7 @@ def test_concurrent_requests_refused_exactly_at_session_budget(tmp_path: Path) -
             store = gw.gateway.store
             budgets = gw.gateway.pipeline.stages.budgets
             ctx = make_ctx(session="chain-1")
-            key = budgets._session_key(ctx)
+            key = budgets._session_key(ctx, with_tenant=False)
             assert key is not None
             tokens = asyncio.run(store.get([key + ":tok"]))[0]
             assert tokens == allowed * per_request

@@ -1,0 +1,57 @@
+"""Session → replica affinity shared by several gateway instances.
+
+With a shared state store, the replica a session was routed to is kept in
+the store (`aff:{<hash of the session key>}`, expiring after the router's
+`index_ttl_s` without use), so its next turn lands on the same replica
+whichever instance receives it. One read per request that carries a session
+key (it also restarts the TTL), one write only when the session moves.
+
+Best effort: when the store cannot answer, routing falls back to the
+instance's own memory of the session (the in-process tracker).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import xxhash
+
+from gateway.errors import StateUnavailable
+from gateway.pipeline.context import RequestContext
+from gateway.state.base import StateStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class SessionAffinity:
+    def __init__(self, store: StateStore, ttl_s: float) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+
+    @staticmethod
+    def _key(session_key: str) -> str:
+        return "aff:{" + xxhash.xxh3_128_hexdigest(session_key.encode()) + "}"
+
+    async def lookup(self, ctx: RequestContext) -> None:
+        """Set `ctx.routing.session_replica` from the shared store."""
+        key = ctx.session_key
+        if not key:
+            return
+        try:
+            found = await self._store.get_text(self._key(key), refresh_ttl_s=self._ttl_s)
+        except (StateUnavailable, StoreUnavailable):
+            log.debug("session affinity lookup skipped: state store unavailable")
+            return
+        ctx.routing.session_replica = found
+
+    async def remember(self, ctx: RequestContext, replica: str) -> None:
+        """Record where the session went, when that is news."""
+        key = ctx.session_key
+        if not key or ctx.routing.session_replica == replica:
+            return
+        try:
+            await self._store.put_text(self._key(key), replica, self._ttl_s)
+        except (StateUnavailable, StoreUnavailable):
+            log.debug("session affinity not recorded: state store unavailable")
+            return
+        ctx.routing.session_replica = replica

@@ -1,0 +1,46 @@
+-- KEYS: K, K..':e' per claim, then per stamp.
+-- ARGV: id, lease_ms, #claims, then per claim amount, limit, ttl_ms, window_ms,
+-- then per stamp value, ttl_ms, only_if_absent (1/0); -1 means none.
+-- Returns {1, now_ms, 0, 0, -1, stamps...} or {0, now_ms, failed claim (1-based),
+-- current, retry_ms or -1, stamps...}.
+local entry = 'r:' .. ARGV[1]
+local lease = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local failed, current, retry = 0, 0, -1
+for i = 1, n do
+  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 4 * (i - 1)
+  prune(k, e)
+  local amount, limit = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  if failed == 0 and limit >= 0 and amount > 0 then
+    local cur = value(k)
+    if cur + amount > limit then
+      failed, current = i, cur
+      if tonumber(ARGV[a + 3]) >= 0 and amount <= limit then
+        retry = retry_after(k, e, cur + amount - limit)
+      end
+    end
+  end
+end
+local stamps = {}
+for j = 1, #KEYS / 2 - n do
+  local k, e, a = KEYS[2 * (n + j) - 1], KEYS[2 * (n + j)], 4 + 4 * n + 3 * (j - 1)
+  prune(k, e)
+  if not (ARGV[a + 2] == '1' and redis.call('HEXISTS', k, 'b') == 1) then
+    redis.call('HSET', k, 'b', ARGV[a])
+  end
+  local ttl = tonumber(ARGV[a + 1])
+  if ttl >= 0 then refresh(k, ttl) else redis.call('HDEL', k, 'x') end
+  touch(k, e)
+  stamps[j] = tonumber(redis.call('HGET', k, 'b'))
+end
+if failed > 0 then return {0, NOW, failed, current, retry, unpack(stamps)} end
+for i = 1, n do
+  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 4 * (i - 1)
+  local amount = tonumber(ARGV[a])
+  redis.call('HINCRBY', k, entry, amount)
+  if amount ~= 0 then redis.call('HINCRBY', k, 'l', amount) end
+  redis.call('ZADD', e, NOW + lease, entry)
+  refresh(k, tonumber(ARGV[a + 2]))
+  touch(k, e)
+end
+return {1, NOW, 0, 0, -1, unpack(stamps)}

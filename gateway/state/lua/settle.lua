@@ -1,0 +1,32 @@
+-- KEYS: K, K..':e' per claim. ARGV: id, at_ms, then per claim keep, ttl_ms,
+-- window_ms (-1: none). A claim whose entry is gone (settled, released or
+-- expired) is left alone: settling is idempotent.
+local entry = 'r:' .. ARGV[1]
+local at = tonumber(ARGV[2])
+for i = 1, #KEYS / 2 do
+  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 3 + 3 * (i - 1)
+  local keep, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  prune(k, e)
+  local held = tonumber(redis.call('HGET', k, entry))
+  if held then
+    redis.call('HDEL', k, entry)
+    redis.call('ZREM', e, entry)
+    local back = -held
+    if keep > 0 and window < 0 then
+      redis.call('HINCRBY', k, 'b', keep)
+    elseif keep > 0 then
+      local slot = window / WINDOW_SLOTS
+      local drop = math.ceil(math.ceil((at + window) / slot) * slot)
+      if drop > NOW then
+        local f = 'w:' .. string.format('%d', drop)
+        redis.call('HINCRBY', k, f, keep)
+        redis.call('ZADD', e, drop, f)
+        back = back + keep
+      end
+    end
+    if back ~= 0 then redis.call('HINCRBY', k, 'l', back) end
+    refresh(k, ttl)
+    touch(k, e)
+  end
+end
+return 1

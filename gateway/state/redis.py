@@ -1,0 +1,363 @@
+"""`StateStore` in Redis: several gateway instances share one set of counters.
+
+Every operation that reads and writes is one Lua script (`lua/*.lua`, run by
+EVALSHA, reloaded on NOSCRIPT), timed by the server's clock so instances
+agree. A reservation's entries expire in Redis after at most `lease_ttl_s`;
+one background task renews this instance's live reservations in batches, so
+a killed gateway's reservations give their capacity back within
+`lease_ttl_s`. Key layout and consistency: README.md.
+
+Connectivity errors of any kind surface as `StoreUnavailable`, nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
+from typing import Any, ClassVar
+from urllib.parse import unquote, urlsplit
+
+from redis import exceptions as rexc
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.crc import key_slot
+
+from gateway.state.base import Claim, Reservation, ReserveResult, Stamp, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+Client = Redis | RedisCluster
+
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    rexc.ConnectionError,  # also BusyLoading, MaxConnections, Sentinel's MasterNotFound
+    rexc.TimeoutError,
+    rexc.ClusterDownError,  # also MasterDown
+    rexc.TryAgainError,
+    rexc.ReadOnlyError,  # a failover demoted the node we still talk to
+    rexc.SlotNotCoveredError,
+    OSError,  # includes TimeoutError
+)
+# Reservations renewed by one script call (bounds the script's run time).
+_RENEW_BATCH = 256
+_ENTRIES = ":e"
+
+
+class CrossSlotKeys(ValueError):
+    """A call's keys hash to several Redis Cluster slots: give them one hash tag."""
+
+
+def _script(name: str) -> str:
+    lua = resources.files("gateway.state") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def _ms(seconds: float | None) -> int:
+    return -1 if seconds is None else max(0, round(seconds * 1000))
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+
+class RedisStateStore:
+    shared: ClassVar[bool] = True
+
+    def __init__(self, client: Client, *, key_prefix: str = "", lease_ttl_s: float = 10.0) -> None:
+        if "{" in key_prefix or "}" in key_prefix:
+            raise ValueError(f"key_prefix {key_prefix!r}: no braces (callers choose hash tags)")
+        if lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be > 0, not {lease_ttl_s}")
+        self._client = client
+        self._cluster = isinstance(client, RedisCluster)
+        self._prefix = key_prefix
+        self._lease_ttl_s = lease_ttl_s
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(_script(name))
+            for name in ("reserve", "settle", "renew", "get")
+        }
+        # Unique across instances: a random per-store prefix and a counter.
+        self._id_prefix = secrets.token_hex(6)
+        self._ids = itertools.count(1)
+        # Reservations this instance renews: id -> (reservation, local deadline).
+        self._live: dict[str, tuple[Reservation, float]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    def from_settings(
+        cls,
+        url: str,
+        *,
+        key_prefix: str = "",
+        lease_ttl_s: float = 10.0,
+        sentinel_master: str | None = None,
+        sentinel_nodes: Sequence[tuple[str, int] | str] | None = None,
+        cluster: bool = False,
+        pool_size: int = 32,
+        connect_timeout_s: float = 1.0,
+        command_timeout_s: float = 1.0,
+        password: str | None = None,
+    ) -> RedisStateStore:
+        """Build the client: a plain server (`redis://`, `rediss://`, `unix://`),
+        a Sentinel-managed master, or a Cluster."""
+        return cls(
+            _client(
+                url,
+                sentinel_master=sentinel_master,
+                sentinel_nodes=sentinel_nodes,
+                cluster=cluster,
+                pool_size=pool_size,
+                connect_timeout_s=connect_timeout_s,
+                command_timeout_s=command_timeout_s,
+                password=password,
+            ),
+            key_prefix=key_prefix,
+            lease_ttl_s=lease_ttl_s,
+        )
+
+    @property
+    def live_reservations(self) -> int:
+        """Reservations this instance is renewing."""
+        return len(self._live)
+
+    async def reserve(
+        self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
+    ) -> ReserveResult:
+        res_id = f"{self._id_prefix}.{next(self._ids)}"
+        keys = self._keys([c.key for c in claims] + [s.key for s in stamps])
+        args: list[str | int] = [res_id, self._lease_ms(ttl_s), len(claims)]
+        for c in claims:
+            args += (c.amount, -1 if c.limit is None else c.limit, _ms(c.key_ttl_s))
+            args.append(_ms(c.window_s))
+        for s in stamps:
+            args += (s.value, _ms(s.key_ttl_s), 1 if s.only_if_absent else 0)
+        ok, at_ms, failed, current, retry_ms, *stored = await self._run("reserve", keys, args)
+        values = tuple(int(v) for v in stored)
+        if not ok:
+            c = claims[failed - 1]
+            retry = None if retry_ms < 0 else retry_ms / 1000
+            return ReserveResult(None, c.key, int(current), c.limit, values, retry)
+        res = Reservation(res_id, tuple(claims), at_ms / 1000)
+        if ttl_s > self._lease_ttl_s:
+            self._track(res, time.monotonic() + ttl_s)
+        return ReserveResult(res, stamps=values)
+
+    async def settle(
+        self, reservation: Reservation, actual: Mapping[str, int] | None = None
+    ) -> None:
+        # Stop renewing first: if the call fails, the entries expire with their lease.
+        self._live.pop(reservation.id, None)
+        if not reservation.claims:
+            return
+        actual = actual or {}
+        keys = self._keys([c.key for c in reservation.claims])
+        args: list[str | int] = [reservation.id, round(reservation.at * 1000)]
+        for c in reservation.claims:
+            args += (actual.get(c.key, 0), _ms(c.key_ttl_s), _ms(c.window_s))
+        await self._run("settle", keys, args)
+
+    async def release(self, reservation: Reservation) -> None:
+        await self.settle(reservation, None)
+
+    async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
+        deadline = time.monotonic() + ttl_s
+        (alive,) = await self._renew_batch([(reservation, self._lease_ms(ttl_s))])
+        if alive and ttl_s > self._lease_ttl_s:
+            self._track(reservation, deadline)
+        else:
+            self._live.pop(reservation.id, None)
+        return alive
+
+    async def put(
+        self, key: str, value: int, key_ttl_s: float | None = None, *, only_if_absent: bool = False
+    ) -> int:
+        result = await self.reserve((), 0.0, (Stamp(key, value, key_ttl_s, only_if_absent),))
+        return result.stamps[0]
+
+    async def get(self, keys: Sequence[str]) -> list[int]:
+        if not keys:
+            return []
+        values = await self._run("get", self._keys(keys), [])
+        return [int(v) for v in values]
+
+    async def get_text(self, key: str, refresh_ttl_s: float | None = None) -> str | None:
+        with _translated():
+            if refresh_ttl_s is None:
+                raw = await self._client.get(self._prefix + key)
+            else:
+                raw = await self._client.getex(self._prefix + key, px=max(1, _ms(refresh_ttl_s)))
+        if raw is None:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
+        with _translated():
+            await self._client.set(self._prefix + key, value.encode(), px=max(1, _ms(key_ttl_s)))
+
+    async def ping(self) -> None:
+        with _translated():
+            await self._client.ping()
+
+    async def close(self) -> None:
+        """Stop renewing and close the connections. Reservations still held
+        are not released: they expire within `lease_ttl_s`."""
+        self._closed = True
+        task, self._renewer = self._renewer, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._live.clear()
+        await self._client.aclose()
+
+    def _lease_ms(self, ttl_s: float) -> int:
+        return max(1, _ms(min(ttl_s, self._lease_ttl_s)))
+
+    def _keys(self, keys: Sequence[str]) -> list[str]:
+        out: list[str] = []
+        for key in keys:
+            full = self._prefix + key
+            out += (full, full + _ENTRIES)
+        if self._cluster and len({key_slot(k.encode()) for k in out}) > 1:
+            raise CrossSlotKeys(
+                f"keys {list(keys)} span several Redis Cluster slots: give the keys of "
+                "one call a common hash tag, e.g. 't:{tenant}:tok'"
+            )
+        return out
+
+    async def _run(self, script: str, keys: list[str], args: Sequence[str | int]) -> Any:
+        with _translated():
+            return await self._scripts[script](keys=keys, args=args)
+
+    def _track(self, reservation: Reservation, deadline: float) -> None:
+        self._live[reservation.id] = (reservation, deadline)
+        if self._renewer is None and not self._closed:
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew_loop(), name="redis-state-renewer"
+            )
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_ttl_s / 3)
+            now = time.monotonic()
+            batch: list[tuple[Reservation, int]] = []
+            for res, deadline in list(self._live.values()):
+                left = deadline - now
+                if left <= self._lease_ttl_s:
+                    self._live.pop(res.id, None)  # its last lease: expires at its deadline
+                if left > 0:
+                    batch.append((res, self._lease_ms(left)))
+            if not batch:
+                continue
+            try:
+                alive = await self._renew_batch(batch)
+            except StoreUnavailable as exc:
+                log.warning("renewing %d reservations failed: %s", len(batch), exc)
+                continue
+            except rexc.RedisError:
+                log.exception("renewing %d reservations failed", len(batch))
+                continue
+            for (res, _lease), ok in zip(batch, alive, strict=True):
+                if not ok:
+                    self._live.pop(res.id, None)
+
+    async def _renew_batch(self, batch: Sequence[tuple[Reservation, int]]) -> list[bool]:
+        """One script call per chunk (per hash slot in a cluster), run concurrently."""
+        groups: dict[int, list[int]] = {}
+        for i, (res, _lease) in enumerate(batch):
+            if res.claims:
+                slot = key_slot((self._prefix + res.claims[0].key).encode()) if self._cluster else 0
+                groups.setdefault(slot, []).append(i)
+        chunks = [
+            idx[start : start + _RENEW_BATCH]
+            for idx in groups.values()
+            for start in range(0, len(idx), _RENEW_BATCH)
+        ]
+        replies = await asyncio.gather(*(self._renew_chunk(batch, c) for c in chunks))
+        alive = [True] * len(batch)  # a reservation without claims has nothing to lose
+        for chunk, reply in zip(chunks, replies, strict=True):
+            for i, ok in zip(chunk, reply, strict=True):
+                alive[i] = bool(ok)
+        return alive
+
+    async def _renew_chunk(
+        self, batch: Sequence[tuple[Reservation, int]], chunk: list[int]
+    ) -> list[int]:
+        keys: list[str] = []
+        args: list[str | int] = []
+        for i in chunk:
+            res, lease_ms = batch[i]
+            keys += self._keys([c.key for c in res.claims])
+            args += (res.id, len(res.claims), lease_ms)
+        reply: list[int] = await self._run("renew", keys, args)
+        return reply
+
+
+def _client(
+    url: str,
+    *,
+    sentinel_master: str | None,
+    sentinel_nodes: Sequence[tuple[str, int] | str] | None,
+    cluster: bool,
+    pool_size: int,
+    connect_timeout_s: float,
+    command_timeout_s: float,
+    password: str | None,
+) -> Client:
+    # One quick retry (a pooled connection may be stale after a Redis restart),
+    # no backoff: an outage must surface within the command timeout.
+    common: dict[str, Any] = {
+        "socket_connect_timeout": connect_timeout_s,
+        "socket_timeout": command_timeout_s,
+        "retry": Retry(NoBackoff(), 1),
+        "decode_responses": False,
+    }
+    if password is not None:
+        common["password"] = password
+    if sentinel_master is not None:
+        if not sentinel_nodes:
+            raise ValueError("sentinel_master needs sentinel_nodes")
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            [_node(n) for n in sentinel_nodes],
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=command_timeout_s,
+        )
+        # The URL carries no host with Sentinel, only what the master needs.
+        parts = urlsplit(url)
+        if parts.password is not None and password is None:
+            common["password"] = unquote(parts.password)
+        if parts.path.strip("/").isdigit():
+            common["db"] = int(parts.path.strip("/"))
+        common["ssl"] = parts.scheme == "rediss"
+        master: Redis = sentinel.master_for(sentinel_master, max_connections=pool_size, **common)
+        return master
+    if cluster:
+        return RedisCluster.from_url(url, max_connections=pool_size, **common)
+    # A blocking pool: a burst waits for a connection (up to the command
+    # timeout) instead of failing as if Redis were down.
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=pool_size, timeout=command_timeout_s, **common
+    )
+    return Redis.from_pool(pool)  # the client owns (and closes) the pool
+
+
+def _node(node: tuple[str, int] | str) -> tuple[str, int]:
+    """A sentinel's address: `(host, port)` or `"host:port"` (`"[::1]:26379"`)."""
+    if isinstance(node, tuple):
+        return node
+    host, _, port = node.rpartition(":")
+    return host.strip("[]"), int(port)
