@@ -216,8 +216,9 @@ def build_state_store(
         MemoryStateStore(),
         on_failure=rc.on_failure,
         probe_interval_s=rc.probe_interval_s,
-        # a call may have to open a connection first
-        call_timeout_s=rc.connect_timeout_s + rc.command_timeout_s,
+        # The Redis store bounds each call itself (socket timeouts, after a
+        # connection slot is free: waiting for one is load, not an outage).
+        call_timeout_s=None,
         metrics=metrics,
     )
     return store, store

@@ -7,6 +7,7 @@ install (CI installs it).
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,11 @@ _START_TIMEOUT_S = 10.0
 
 
 def redis_server_binary() -> str:
+    """`redis-server` on PATH, or the server GATEWAY_TEST_REDIS_SERVER names
+    (e.g. a `valkey-server`, to run the same tests against Valkey)."""
+    override = os.environ.get("GATEWAY_TEST_REDIS_SERVER")
+    if override:
+        return override
     path = shutil.which("redis-server")
     if path is None:
         raise RuntimeError(
@@ -51,6 +57,8 @@ class RedisServer:
         self.workdir = workdir
         self.port = _free_port()
         self.extra_args = extra_args
+        #: before the options (a sentinel's config file)
+        self.leading_args: tuple[str, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -61,6 +69,7 @@ class RedisServer:
         assert self._proc is None, "already running"
         args = [
             self.binary,
+            *self.leading_args,
             "--port",
             str(self.port),
             "--bind",

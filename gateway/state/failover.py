@@ -3,7 +3,7 @@
 `state.redis.on_failure` chooses (config/README.md, `state`):
 
 - `open`: a call the shared store fails (`StoreUnavailable`, or no answer
-  within `call_timeout_s`) is retried at once on the in-process fallback, and
+  within `call_timeout_s`, when set) is retried at once on the in-process fallback, and
   every later call goes there too, so requests go on with limits this
   instance alone enforces;
 - `closed`: every call raises `StateUnavailable` (503 `state_unavailable`)
@@ -68,7 +68,7 @@ class FailoverStore:
         *,
         on_failure: OnFailure,
         probe_interval_s: float,
-        call_timeout_s: float,
+        call_timeout_s: float | None,
         metrics: GatewayMetrics | None = None,
     ) -> None:
         self._primary = primary

@@ -18,7 +18,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
@@ -76,12 +76,24 @@ def _translated() -> Iterator[None]:
 class RedisStateStore:
     shared: ClassVar[bool] = True
 
-    def __init__(self, client: Client, *, key_prefix: str = "", lease_ttl_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        key_prefix: str = "",
+        lease_ttl_s: float = 10.0,
+        max_in_flight: int | None = None,
+        also_close: Sequence[Redis] = (),
+    ) -> None:
+        """`max_in_flight`: calls that may wait on Redis at once (the pool size);
+        more queue here, and a queue is load, not an outage. `also_close`:
+        clients closed with this store (a Sentinel's connections)."""
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError(f"key_prefix {key_prefix!r}: no braces (callers choose hash tags)")
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be > 0, not {lease_ttl_s}")
         self._client = client
+        self._also_close = list(also_close)
         self._cluster = isinstance(client, RedisCluster)
         self._prefix = key_prefix
         self._lease_ttl_s = lease_ttl_s
@@ -96,6 +108,11 @@ class RedisStateStore:
         self._live: dict[str, tuple[Reservation, float]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
+        self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        # Set by a call that found Redis unreachable, cleared by one that got an
+        # answer: calls queued meanwhile fail at once instead of each waiting
+        # out its own timeout on a dead server (the probe's ping always tries).
+        self._broken = False
 
     @classmethod
     def from_settings(
@@ -114,19 +131,22 @@ class RedisStateStore:
     ) -> RedisStateStore:
         """Build the client: a plain server (`redis://`, `rediss://`, `unix://`),
         a Sentinel-managed master, or a Cluster."""
+        client, also_close = _client(
+            url,
+            sentinel_master=sentinel_master,
+            sentinel_nodes=sentinel_nodes,
+            cluster=cluster,
+            pool_size=pool_size,
+            connect_timeout_s=connect_timeout_s,
+            command_timeout_s=command_timeout_s,
+            password=password,
+        )
         return cls(
-            _client(
-                url,
-                sentinel_master=sentinel_master,
-                sentinel_nodes=sentinel_nodes,
-                cluster=cluster,
-                pool_size=pool_size,
-                connect_timeout_s=connect_timeout_s,
-                command_timeout_s=command_timeout_s,
-                password=password,
-            ),
+            client,
             key_prefix=key_prefix,
             lease_ttl_s=lease_ttl_s,
+            max_in_flight=pool_size,
+            also_close=also_close,
         )
 
     @property
@@ -195,7 +215,7 @@ class RedisStateStore:
         return [int(v) for v in values]
 
     async def get_text(self, key: str, refresh_ttl_s: float | None = None) -> str | None:
-        with _translated():
+        async with self._call():
             if refresh_ttl_s is None:
                 raw = await self._client.get(self._prefix + key)
             else:
@@ -205,11 +225,11 @@ class RedisStateStore:
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
-        with _translated():
+        async with self._call():
             await self._client.set(self._prefix + key, value.encode(), px=max(1, _ms(key_ttl_s)))
 
     async def ping(self) -> None:
-        with _translated():
+        async with self._call(probe=True):
             await self._client.ping()
 
     async def close(self) -> None:
@@ -223,6 +243,8 @@ class RedisStateStore:
                 await task
         self._live.clear()
         await self._client.aclose()
+        for other in self._also_close:
+            await other.aclose()
 
     def _lease_ms(self, ttl_s: float) -> int:
         return max(1, _ms(min(ttl_s, self._lease_ttl_s)))
@@ -240,8 +262,25 @@ class RedisStateStore:
         return out
 
     async def _run(self, script: str, keys: list[str], args: Sequence[str | int]) -> Any:
-        with _translated():
+        async with self._call():
             return await self._scripts[script](keys=keys, args=args)
+
+    @contextlib.asynccontextmanager
+    async def _call(self, probe: bool = False) -> AsyncIterator[None]:
+        """One call to Redis: wait for a slot, fail at once while Redis is known
+        unreachable (unless probing), translate connectivity errors."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self._slots is not None:
+                await stack.enter_async_context(self._slots)
+            if self._broken and not probe:
+                raise StoreUnavailable("redis: unreachable at the last attempt")
+            try:
+                with _translated():
+                    yield
+            except StoreUnavailable:
+                self._broken = True
+                raise
+            self._broken = False
 
     def _track(self, reservation: Reservation, deadline: float) -> None:
         self._live[reservation.id] = (reservation, deadline)
@@ -317,7 +356,7 @@ def _client(
     connect_timeout_s: float,
     command_timeout_s: float,
     password: str | None,
-) -> Client:
+) -> tuple[Client, list[Redis]]:
     # One quick retry (a pooled connection may be stale after a Redis restart),
     # no backoff: an outage must surface within the command timeout.
     common: dict[str, Any] = {
@@ -344,15 +383,13 @@ def _client(
             common["db"] = int(parts.path.strip("/"))
         common["ssl"] = parts.scheme == "rediss"
         master: Redis = sentinel.master_for(sentinel_master, max_connections=pool_size, **common)
-        return master
+        return master, list(sentinel.sentinels)
     if cluster:
-        return RedisCluster.from_url(url, max_connections=pool_size, **common)
-    # A blocking pool: a burst waits for a connection (up to the command
-    # timeout) instead of failing as if Redis were down.
-    pool = BlockingConnectionPool.from_url(
-        url, max_connections=pool_size, timeout=command_timeout_s, **common
-    )
-    return Redis.from_pool(pool)  # the client owns (and closes) the pool
+        return RedisCluster.from_url(url, max_connections=pool_size, **common), []
+    # A blocking pool: a burst waits for a connection instead of failing as if
+    # Redis were down (the store's slots keep the wait outside any timeout).
+    pool = BlockingConnectionPool.from_url(url, max_connections=pool_size, timeout=None, **common)
+    return Redis.from_pool(pool), []  # the client owns (and closes) the pool
 
 
 def _node(node: tuple[str, int] | str) -> tuple[str, int]:

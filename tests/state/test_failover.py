@@ -58,7 +58,7 @@ class Setup:
             self.fallback,
             on_failure=on_failure,
             probe_interval_s=PROBE_S,
-            call_timeout_s=CALL_S,
+            call_timeout_s=None,  # as the app builds it: the Redis store bounds its calls
             metrics=self.metrics,
         )
 
@@ -250,3 +250,29 @@ def test_a_release_that_hangs_is_bounded_and_does_not_raise(server: RedisServer)
             await s.store.close()
 
     asyncio.run(run())
+
+
+def test_a_burst_beyond_the_pool_queues_and_is_no_outage(server: RedisServer) -> None:
+    """More concurrent calls than connections wait for one; none is taken for
+    an outage (the pool has 4 connections, 1000 calls arrive at once)."""
+
+    async def scenario() -> tuple[int, float]:
+        s = Setup(server, "open")
+        await s.store.start()
+        try:
+            claims = [Claim("adm:{r}:kv", 10, 100_000)]
+            slow = aioredis.Redis(port=server.port)
+            # Redis busy for most of a command timeout while the burst arrives.
+            pause = asyncio.create_task(slow.execute_command("DEBUG", "SLEEP", COMMAND_S * 0.9))
+            await asyncio.sleep(0.01)
+            results = await asyncio.gather(*(s.store.reserve(claims, 30.0) for _ in range(1000)))
+            await pause
+            await slow.aclose()
+            await asyncio.gather(*(s.store.release(r.reservation) for r in results if r.ok))
+            return sum(r.ok for r in results), s.metric("gateway_state_store_fallbacks_total")
+        finally:
+            await s.store.close()
+
+    ok, fallbacks = asyncio.run(scenario())
+    assert ok == 1000
+    assert fallbacks == 0

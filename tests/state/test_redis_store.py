@@ -223,3 +223,86 @@ def test_reservation_ids_are_unique_across_instances(redis_url: str) -> None:
             await b.close()
 
     _run(scenario)
+
+
+def test_a_single_node_redis_cluster_serves_the_store(tmp_path: Path) -> None:
+    """`state.redis.cluster: true` against a real (one-node) Redis Cluster: the
+    scripts run in the slot of their hash tag; keys of several slots are refused."""
+    server = RedisServer(tmp_path, extra_args=("--cluster-enabled", "yes"))
+    server.start()
+    try:
+
+        async def scenario() -> None:
+            admin = Redis(port=server.port)
+            await admin.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+            for _ in range(200):
+                info = await admin.execute_command("CLUSTER", "INFO")
+                if b"cluster_state:ok" in info:
+                    break
+                await asyncio.sleep(0.05)
+            await admin.aclose()
+            store = RedisStateStore.from_settings(
+                f"redis://127.0.0.1:{server.port}/0",
+                cluster=True,
+                key_prefix="c:",
+                connect_timeout_s=1.0,
+                command_timeout_s=1.0,
+            )
+            try:
+                claims = [Claim(K, 5, 8), Claim("adm:{r0}:inflight", 1, None)]
+                first = await store.reserve(claims, 30)
+                assert first.ok
+                assert not (await store.reserve(claims, 30)).ok  # 5 + 5 > 8
+                await store.settle(first.reservation, {K: 2})  # type: ignore[arg-type]
+                assert await store.get([K]) == [2]
+                with pytest.raises(CrossSlotKeys):
+                    await store.reserve([Claim("adm:{r0}:kv", 1), Claim("adm:{r1}:kv", 1)], 30)
+            finally:
+                await store.close()
+
+        _run(scenario)
+    finally:
+        server.stop()
+
+
+def test_a_sentinel_managed_master_serves_the_store(tmp_path: Path) -> None:
+    """`state.redis.sentinel`: the store finds the master through a real Sentinel."""
+    master = RedisServer(tmp_path)
+    master.start()
+    sentinel_dir = tmp_path / "sentinel"
+    sentinel_dir.mkdir()
+    conf = sentinel_dir / "sentinel.conf"
+    conf.write_text(
+        f"sentinel monitor gwmaster 127.0.0.1 {master.port} 1\n"
+        "sentinel down-after-milliseconds gwmaster 60000\n"
+    )
+    sentinel = RedisServer(sentinel_dir, extra_args=("--sentinel",))
+    sentinel.leading_args = (str(conf),)  # a sentinel takes its config file first
+    try:
+        sentinel.start()
+
+        async def scenario() -> None:
+            store = RedisStateStore.from_settings(
+                "redis:///0",
+                sentinel_master="gwmaster",
+                sentinel_nodes=[f"127.0.0.1:{sentinel.port}"],
+                key_prefix="s:",
+                connect_timeout_s=1.0,
+                command_timeout_s=1.0,
+            )
+            try:
+                result = await store.reserve([Claim(K, 3, 5)], 30)
+                assert result.ok
+                assert await store.get([K]) == [3]
+                direct = Redis(port=master.port)
+                assert await direct.exists("s:" + K) == 1  # held on the master
+                await direct.aclose()
+                await store.release(result.reservation)  # type: ignore[arg-type]
+                assert await store.get([K]) == [0]
+            finally:
+                await store.close()
+
+        _run(scenario)
+    finally:
+        sentinel.stop()
+        master.stop()
