@@ -23,7 +23,8 @@ from starlette.routing import Route
 from gateway.admin import build_admin_app
 from gateway.admission.controller import AdmissionController
 from gateway.admission.metrics import AdmissionMetrics
-from gateway.config.schema import GatewayConfig, StateConfig
+from gateway.config.schema import GatewayConfig
+from gateway.config.state import StateConfig
 from gateway.errors import GatewayError, NotFound, error_response, render_server_error
 from gateway.forward.forwarder import Forwarder
 from gateway.forward.upstream import UpstreamClient
