@@ -40,12 +40,15 @@ from gateway.policy.policyset import Policy
 Clock = Callable[[], float]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+#: A deadline closer than this when resolved cannot cover even an idle engine's
+#: round trip: refused before any engine work.
+MIN_REMAINING_S = 0.005
 #: Sources after which a retry cannot help: the instant is fixed.
 ABSOLUTE_SOURCES = frozenset({DEADLINE_HEADER, "session"})
 _NO_CLIENT = ClientDeadlines()
 
 
-def resolve(ctx: RequestContext, cfg: GatewayConfig) -> Deadline:
+def resolve(ctx: RequestContext, cfg: GatewayConfig, mono: Clock = time.monotonic) -> Deadline:
     """Set `ctx.deadline` from the client's headers and the task policy (run
     after the policy stage). A session deadline found later is applied with
     `tighten`."""
@@ -75,6 +78,12 @@ def resolve(ctx: RequestContext, cfg: GatewayConfig) -> Deadline:
         if client.client_timeout_s < base.idle_s:
             base = _idle_capped(base, client.client_timeout_s)
     ctx.deadline = Deadline(when, source, base, start_at)
+    if when - mono() < MIN_REMAINING_S:
+        # Already past (or as good as): never forwarded, never queued; the same
+        # request with the same headers would fail the same way.
+        err = deadline_error(ctx, source)
+        err.should_retry = False
+        raise err
     return ctx.deadline
 
 

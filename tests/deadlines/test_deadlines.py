@@ -119,7 +119,7 @@ def test_relative_and_client_timeouts() -> None:
 
 def test_default_applies_without_explicit_deadline() -> None:
     ctx = ctx_with()
-    resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=120)))
+    resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=120)), mono=mono)
     assert at(ctx) == (MONO0 + 120, "policy_default")
     assert ctx.deadline is not None
     assert ctx.deadline.timeouts == TimeoutsConfig(total_s=120)
@@ -129,19 +129,19 @@ def test_default_applies_without_explicit_deadline() -> None:
 def test_explicit_deadline_may_exceed_the_default_up_to_the_max() -> None:
     policy = Policy(name="long", deadline=DeadlineSpec(default_s=60, max_s=600))
     ctx = ctx_with(ClientDeadlines(relative=MONO0 + 300), policy)
-    resolve(ctx, GatewayConfig())
+    resolve(ctx, GatewayConfig(), mono=mono)
     assert at(ctx) == (MONO0 + 300, "x-request-timeout")
     ctx = ctx_with(ClientDeadlines(relative=MONO0 + 3000), policy)
-    resolve(ctx, GatewayConfig())
+    resolve(ctx, GatewayConfig(), mono=mono)
     assert at(ctx) == (MONO0 + 600, "policy_max")
     ctx = ctx_with(None, policy)
-    resolve(ctx, GatewayConfig())
+    resolve(ctx, GatewayConfig(), mono=mono)
     assert at(ctx) == (MONO0 + 60, "policy_default")
 
 
 def test_session_deadline_and_client_timeout() -> None:
     ctx = ctx_with(ClientDeadlines(absolute=MONO0 + 50, client_timeout_s=20))
-    resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(idle_s=60)))
+    resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(idle_s=60)), mono=mono)
     assert at(ctx) == (MONO0 + 50, "x-request-deadline")
     deadlines.tighten(ctx, MONO0 + 40, "session")  # the budgets stage, once the session is known
     deadlines.tighten(ctx, MONO0 + 45, "later")  # never moves a deadline later
@@ -187,7 +187,15 @@ def test_effective_deadline_is_the_earliest_applicable_bound(
         None if relative is None else MONO0 + relative,
     )
     ctx = ctx_with(client, policy)
-    resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=total)))
+    bounds = [default + extra] + [b for b in (absolute, relative) if b is not None]
+    if absolute is None and relative is None:
+        bounds.append(default)
+    if min(bounds) < deadlines.MIN_REMAINING_S:
+        with pytest.raises(DeadlineExceeded) as exc:  # already as good as past: refused
+            resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=total)), mono=mono)
+        assert exc.value.should_retry is False
+        return
+    resolve(ctx, GatewayConfig(timeouts=TimeoutsConfig(total_s=total)), mono=mono)
     if session is not None:
         deadlines.tighten(ctx, MONO0 + session, "session")
     assert ctx.deadline is not None

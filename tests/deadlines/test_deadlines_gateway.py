@@ -186,3 +186,24 @@ def test_openai_sdk_client_timeout_is_honoured(
     rec = _aborted(sims)
     assert rec["abort_wall"] <= gave_up + 0.25, rec["abort_wall"] - gave_up
     assert float(rec["headers_seen"]["x-request-deadline"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [("x-request-deadline", "1"), ("x-request-timeout", "1e-9"), ("x-request-deadline", "past")],
+)
+def test_a_deadline_already_past_never_reaches_the_engine(
+    fresh: tuple[Sims, RunningGateway], header: str, value: str
+) -> None:
+    sims, gw = fresh
+    if value == "past":
+        value = f"{time.time() - 5:.3f}"
+    before = metric(gw.metrics_text(), "gateway_deadline_exceeded_total", stage="ingress")
+    resp, _ = _post(gw, chat_body(stream=True), {header: value})
+    assert resp.status_code == 504
+    assert resp.json()["error"]["code"] == "deadline_exceeded"
+    assert "stage: ingress" in resp.json()["error"]["message"]
+    assert resp.headers.get("x-should-retry") == "false"
+    assert sims.stats()["totals"]["requests"] == 0  # the engine never saw it
+    after = metric(gw.metrics_text(), "gateway_deadline_exceeded_total", stage="ingress")
+    assert after == before + 1
