@@ -91,11 +91,13 @@ class DemandEstimator:
     def demand(self, ctx: RequestContext, replica: str | None = None) -> Demand:
         prompt = self.prompt_tokens(ctx)
         cached = ctx.routing.cached_tokens.get(replica, 0) if replica is not None else 0
-        return Demand(prompt, self.reserved_output(ctx), max(0, prompt - min(cached, prompt)))
+        output = self.reserved_output(ctx) * ctx.choices  # every sequence holds its own output
+        return Demand(prompt, output, max(0, prompt - min(cached, prompt)))
 
     def learn(self, ctx: RequestContext) -> None:
         if not ctx.usage:
             return
         out = ctx.usage.get("completion_tokens")
         if isinstance(out, int) and out >= 0:
-            self.learner.record(ctx.task, out)
+            # usage counts every sequence; the quantile is per sequence
+            self.learner.record(ctx.task, -(-out // ctx.choices))

@@ -60,6 +60,8 @@ class Contract:
     output_limit: int | None = None
     #: the client's output request when the policy clamped it
     clamped_from: int | None = None
+    #: sequences the engine generates (`n`, or vLLM's `best_of` when larger)
+    choices: int = 1
 
     @property
     def task(self) -> str:
@@ -184,6 +186,12 @@ class RequestContext:
     def output_limit(self) -> int | None:
         contract = self.contract
         return contract.output_limit if contract is not None else None
+
+    @property
+    def choices(self) -> int:
+        """Sequences the engine generates for this request (each up to `output_limit`)."""
+        contract = self.contract
+        return contract.choices if contract is not None else 1
 
     @property
     def stage(self) -> str:

@@ -104,7 +104,7 @@ class Budgets:
         )
 
     async def _enter(self, ctx: RequestContext) -> tuple[Reservation, list[Rule], int] | None:
-        worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0)
+        worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0) * ctx.choices
         rules = self._tenant_rules(ctx, worst)
         session = ctx.contract.policy.session if ctx.contract is not None else None
         skey = self._session_key(ctx, bool(rules)) if session is not None else None

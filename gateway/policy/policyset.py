@@ -40,9 +40,11 @@ class LimitsSpec:
     max_output_tokens: int | None = None
     default_output_tokens: int | None = None
     on_excess: Literal["reject", "clamp"] = "clamp"
+    #: most sequences one request may ask for (`n`, `best_of`): each is reserved in full
+    max_n: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_input_tokens", "max_output_tokens", "default_output_tokens"):
+        for name in ("max_input_tokens", "max_output_tokens", "default_output_tokens", "max_n"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"limits.{name} must be >= 1, got {value}")

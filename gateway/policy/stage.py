@@ -184,6 +184,7 @@ class PolicyStage:
         self.metrics.token_counts_by(counted.source).inc()
         contract.prompt_tokens = counted.tokens
         _check_input(contract, req)
+        contract.choices = _choices(contract, req)
         contract.output_limit = _output_limit(contract, req, _max_model_len(replicas))
         if contract.clamped_from is not None:
             self.metrics.output_clamped.labels(contract.policy.name).inc()
@@ -258,10 +259,38 @@ def _check_input(contract: Contract, req: ParsedRequest) -> None:
         )
 
 
+def _choices(contract: Contract, req: ParsedRequest) -> int:
+    """`n` (and vLLM's `best_of`, which generates that many): an integer from 1
+    to the policy's `limits.max_n`. Every sequence holds KV and output tokens,
+    so reservations and budgets count all of them."""
+    most = 1
+    for name in ("n", "best_of"):
+        value = req.body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadRequest(
+                f"'{name}' must be an integer, got {type(value).__name__}.",
+                param=name,
+                code="invalid_type",
+            )
+        limit = contract.policy.limits.max_n
+        if not 1 <= value <= limit:
+            raise BadRequest(
+                f"'{name}' is {value}; task '{contract.policy.name}' allows 1 to {limit}.",
+                param=name,
+                code="invalid_value",
+            )
+        most = max(most, value)
+    return most
+
+
 def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | None) -> int:
     policy = contract.policy
     lim, prompt = policy.limits, contract.prompt_tokens or 0
     requested, param = req.requested_output, req.output_field or "max_tokens"
+    if requested == 0:  # both engines refuse it: say so before any engine work
+        raise BadRequest(f"'{param}' must be >= 1, got 0.", param=param, code="invalid_value")
     injected = requested is None
     if requested is None:
         fits = max_model_len - prompt if max_model_len is not None else None

@@ -113,7 +113,7 @@ class SchedulingRouter:
         if blocks.hashes:  # a prompt shorter than one block has nothing to index
             self.index(replica, capacity_tokens(replica)).insert(blocks.hashes)
         slot = self._slots.apply(ctx, replica, self._tracker)
-        kv = prompt_tokens + (ctx.output_limit or 0)
+        kv = prompt_tokens + (ctx.output_limit or 0) * ctx.choices
         self._tracker.add(Routed(ctx, replica.name, kv, prompt_tokens - matched, slot))
         if ctx.session_key:
             self._tracker.remember_session(ctx.session_key, replica.name)
