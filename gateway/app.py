@@ -100,6 +100,10 @@ class Gateway:
                 lc.port,
                 server=lc.server,
                 render_error=render_server_error,
+                head_timeout=lc.head_timeout_s,
+                body_timeout=lc.body_timeout_s,
+                body_total_timeout=lc.body_total_timeout_s,
+                keepalive_timeout=lc.keepalive_timeout_s,
             ),
             Listener(self.admin_app, lc.admin_host, lc.admin_port),
         ]
@@ -136,6 +140,9 @@ class Gateway:
         ]
         handlers: dict[Any, Any] = {HTTPException: _http_exception, Exception: _internal_error}
         app = Starlette(routes=routes, lifespan=self.lifespan, exception_handlers=handlers)
+        # No 307 to the path without its trailing slash: the redirect's Location
+        # would be built from the client's Host header. Unknown paths are 404s.
+        app.router.redirect_slashes = False
         return PublicApp(
             app, {"/v1/chat/completions": routes[0].app, "/v1/completions": routes[1].app}
         )

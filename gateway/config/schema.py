@@ -48,12 +48,26 @@ class ListenConfig:
     admin_host: str = "127.0.0.1"
     admin_port: int = 9090
     server: Literal["lean", "uvicorn"] = "lean"  # the public listener's HTTP server
+    # The lean server's timeouts, in seconds (uvicorn ignores them):
+    head_timeout_s: float = 5.0  # a request head, from its first byte
+    body_timeout_s: float = 30.0  # the longest gap between two request body bytes
+    body_total_timeout_s: float = 300.0  # a whole request body, from its head
+    keepalive_timeout_s: float = 5.0  # an idle keep-alive connection (or one never used)
 
     def __post_init__(self) -> None:
         for name in ("port", "admin_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ValueError(f"{name} must be a TCP port (0-65535), got {value}")
+        for name in (
+            "head_timeout_s",
+            "body_timeout_s",
+            "body_total_timeout_s",
+            "keepalive_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not value > 0:  # (also refuses NaN)
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,27 @@ one that also carries a body is refused with `400`. The body of these answers
 comes from the server's `ErrorRenderer` (`gateway.http.responses`). A half-close from the
 client counts as a disconnect.
 
+An HTTP/1.1 request without a `Host` header, or any request with more than
+one, is answered `400` and the connection closes (RFC 9112 §3.2).
+
 Keep-alive: HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with
-`Connection: keep-alive` and a response of known length. A connection idle
-for `idle_timeout` seconds (no request in progress since the last response,
-or since it was opened) is closed, with one timer per idle period, not one per
-request.
+`Connection: keep-alive` and a response of known length. A response that
+starts before its request's body is complete (a 413 for a declared length over
+the limit, a 404 without reading) closes the connection after it: the rest of
+the body is not read to its end (only discarded for `LINGER_S` while closing).
+
+Timeouts, one timer per connection re-armed lazily (never a task or a timer
+per request): a connection with no byte of a next request for `idle_timeout`
+seconds (since the last response, or since it was opened) is closed; a request
+head must be complete within `head_timeout` of its first byte (else the
+connection closes); a request body must not pause for more than
+`body_timeout` between two bytes nor take more than `body_total_timeout` in
+all (a stalled `Content-Length` body, a chunked body without its final
+chunk, `Expect: 100-continue` and no body): the request is answered `408` if
+its response has not started, and the connection closes (the app's `receive()`
+returns `http.disconnect`). Time during which the server itself does not read
+(a pipelined request waiting its turn, an app not reading its body, a
+`100 Continue` not yet sent) does not count against the client.
 """
 
 from __future__ import annotations
@@ -46,6 +62,11 @@ _METHODS: Final = {
 }
 _TOO_LARGE: Final = "Request line and headers too large."
 _TOO_LARGE_CODE: Final = "request_headers_too_large"
+# What the connection's timer watches (`_phase`).
+_IDLE: Final = 0  # no byte of a next request yet: `idle_timeout`
+_HEAD: Final = 1  # a request head is arriving: `head_timeout`
+_BODY: Final = 2  # the body of a request is arriving: `body_timeout`, `body_total_timeout`
+_BUSY: Final = 3  # a request is being answered: no timeout
 
 
 class _Reject(Exception):
@@ -81,14 +102,18 @@ class HttpConnection(asyncio.Protocol):
         "_head_lower",
         "_head_upper",
         "_headers",
-        "_idle_since",
-        "_idle_timer",
+        "_hosts",
+        "_last",
         "_parser",
         "_parsing",
+        "_phase",
         "_queue",
         "_read_paused",
         "_server",
+        "_since",
         "_stopped",
+        "_timer",
+        "_timer_at",
         "_transport",
         "_url",
         "loop",
@@ -108,6 +133,7 @@ class HttpConnection(asyncio.Protocol):
         self._url = b""  # non-empty while a request head is being parsed
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect = False
+        self._hosts = 0  # Host header lines of the head being parsed
         self._head_upper = 0  # head bytes in earlier reads, at most (with the read it began in)
         self._head_lower = 0  # head bytes in earlier reads, at least (without that read)
         self._fresh = False  # a head was completed during the current read
@@ -120,8 +146,11 @@ class HttpConnection(asyncio.Protocol):
         self._read_paused = False
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
-        self._idle_since: float | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._phase = _IDLE
+        self._since = 0.0  # when the current phase began
+        self._last = 0.0  # when the last body byte arrived (phase `_BODY`)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when `_timer` fires
 
     # --- transport callbacks ---------------------------------------------------------------
 
@@ -135,9 +164,9 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.state.connections.discard(self)
         self._mark_closed()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def eof_received(self) -> bool | None:
         return None  # a half-close is a disconnect: the transport closes itself
@@ -152,6 +181,13 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._stopped:
             return
+        phase = self._phase
+        if phase == _IDLE:  # the first bytes of a request head
+            self._phase = _HEAD
+            self._since = now = self.loop.time()
+            self._arm(now + self.state.head_timeout)
+        elif phase == _BODY:
+            self._last = self.loop.time()
         was_in_head = self._url != b""
         self._fresh = False
         self._head_upper += len(data)
@@ -179,8 +215,11 @@ class HttpConnection(asyncio.Protocol):
                 self._head_lower += len(data)
                 if self._head_lower > MAX_HEAD:
                     self._bad_request(431, _TOO_LARGE, _TOO_LARGE_CODE)
+                    return
         else:
             self._head_upper = 0
+        if self._parsing is not None and self._phase != _BODY:
+            self._body_begins()
 
     # --- parser callbacks --------------------------------------------------------------------
 
@@ -189,22 +228,29 @@ class HttpConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
+        if name == b"host":
+            self._hosts += 1
+        elif name == b"expect" and value.lower() == b"100-continue":
             self._expect = True
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        url, headers = self._url, self._headers
+        url, headers, hosts = self._url, self._headers, self._hosts
         self._url = b""
         self._headers = []
+        self._hosts = 0
         self._fresh = True
         if self._head_upper > MAX_HEAD and _head_size(url, headers) > MAX_HEAD:
             raise _Reject(431, _TOO_LARGE, _TOO_LARGE_CODE)
         self._head_upper = self._head_lower = 0
         parser = self._parser
+        version = parser.get_http_version()
+        if hosts != 1 and (hosts > 1 or version != "1.0"):  # RFC 9112 §3.2
+            if hosts:
+                raise _Reject(400, "More than one Host header.", "duplicate_host_header")
+            raise _Reject(400, "An HTTP/1.1 request needs a Host header.", "missing_host_header")
         method_b = parser.get_method()
         method = _METHODS.get(method_b) or method_b.decode("ascii")
-        version = parser.get_http_version()
         keep_alive = parser.should_keep_alive()
         if parser.should_upgrade():
             # The parser would take a body for upgraded bytes: refuse one; serve the rest,
@@ -276,13 +322,15 @@ class HttpConnection(asyncio.Protocol):
         exchange = self._parsing
         if exchange is not None:
             self._parsing = None
+            if self._phase == _BODY:
+                self._phase = _BUSY
             exchange.end_of_body()
 
     # --- sequencing ----------------------------------------------------------------------------
 
     def _start(self, exchange: Exchange) -> None:
         self._current = exchange
-        self._idle_since = None
+        self._phase = _BUSY
         task = exchange.task = self.loop.create_task(exchange.run(self.state.app))
         self.state.tasks.add(task)
 
@@ -304,6 +352,8 @@ class HttpConnection(asyncio.Protocol):
             if not queue:
                 self._resume_reading()
             self._start(nxt)
+            if self._parsing is nxt:
+                self._body_begins()
             return
         if self._deferred_error is not None:
             self._transport.write(self._deferred_error)
@@ -360,32 +410,77 @@ class HttpConnection(asyncio.Protocol):
             self._parsing = None
             self._deferred_error = data
 
-    # --- the idle timeout: one timer per idle period, not per request ------------------------
+    # --- timeouts: one timer per connection, re-armed lazily ---------------------------------
+
+    def _arm(self, due: float) -> None:
+        """Make sure the timer fires at `due` at the latest (one firing earlier re-arms)."""
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= due:
+                return
+            timer.cancel()
+        self._timer_at = due
+        self._timer = self.loop.call_at(due, self._check)
 
     def _become_idle(self) -> None:
-        now = self.loop.time()
-        self._idle_since = now
         if self.state.shutting_down:
             self._close()
-        elif self._idle_timer is None:
-            self._idle_timer = self.loop.call_at(now + self.state.idle_timeout, self._idle_check)
+            return
+        now = self._since = self.loop.time()
+        if self._url:  # the next request's head has begun already
+            self._phase = _HEAD
+            self._arm(now + self.state.head_timeout)
+        else:
+            self._phase = _IDLE
+            self._arm(now + self.state.idle_timeout)
+
+    def _body_begins(self) -> None:
+        """A request's body is incomplete at the end of a read: time it."""
+        now = self._since = self._last = self.loop.time()
+        self._phase = _BODY
+        state = self.state
+        self._arm(now + min(state.body_timeout, state.body_total_timeout))
 
     def touch_idle(self) -> None:
-        """Bytes of an already answered request are still arriving: not idle."""
-        if self._idle_since is not None:
-            self._idle_since = self.loop.time()
+        """The client's request moved on (its bytes arrived, or a `100 Continue` went out)."""
+        now = self._last = self.loop.time()
+        if self._phase == _IDLE:
+            self._since = now
 
-    def _idle_check(self) -> None:
-        self._idle_timer = None
-        since = self._idle_since
-        if since is None or self._closed:
-            return  # busy: the next idle period arms a new timer
-        due = since + self.state.idle_timeout
-        if self.loop.time() >= due - 0.001:
+    def _check(self) -> None:
+        self._timer = None
+        phase = self._phase
+        if self._closed or phase == _BUSY:
+            return  # the next phase that needs one arms a new timer
+        state = self.state
+        now = self.loop.time()
+        if phase == _IDLE:
+            due = self._since + state.idle_timeout
+        elif phase == _HEAD:
+            due = self._since + state.head_timeout
+        else:
+            parsing = self._parsing
+            if self._read_paused or (parsing is not None and parsing.expect_continue):
+                # The server is not reading (or not asking for the body): not the client's stall.
+                self._last = now
+                self._since = max(self._since, now + state.body_timeout - state.body_total_timeout)
+            due = min(self._last + state.body_timeout, self._since + state.body_total_timeout)
+        if now < due - 0.001:
+            self._arm(due)
+            return
+        if phase == _IDLE:
             log.debug("closing idle connection from %s", self._client)
             self._close()
+        elif phase == _HEAD:
+            log.debug("request head from %s not complete in time: closing", self._client)
+            self._close()
         else:
-            self._idle_timer = self.loop.call_at(due, self._idle_check)
+            total = now - self._since >= state.body_total_timeout - 0.001
+            limit = state.body_total_timeout if total else state.body_timeout
+            what = "not complete within" if total else "stalled for"
+            self._bad_request(
+                408, f"Request body {what} {limit:g} s: closing.", "request_body_timeout"
+            )
 
     # --- closing -------------------------------------------------------------------------------
 
@@ -405,9 +500,9 @@ class HttpConnection(asyncio.Protocol):
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-        self._idle_timer = self.loop.call_later(LINGER_S, transport.close)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(LINGER_S, transport.close)
 
     def _mark_closed(self) -> None:
         self._closed = True

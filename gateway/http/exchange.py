@@ -208,6 +208,7 @@ class Exchange:
             self.expect_continue = False
             if self.more_body and not self.chunks and not self.disconnected and not self.started:
                 self.transport.write(_CONTINUE)
+                self.conn.touch_idle()  # the body timeout runs from here
         while True:
             if self.disconnected:
                 return dict(_DISCONNECT)
@@ -279,8 +280,9 @@ class Exchange:
         if not has_date:
             head += conn.state.date_line
         close = app_close or not self.keep_alive or conn.state.shutting_down
-        # A client still waiting for `100 Continue` may never send the body it announced.
-        if self.expect_continue and self.more_body:
+        # The request body is still arriving (or, after `Expect: 100-continue`, may never be
+        # sent): close after this answer rather than read the rest (maybe 1 GB) to its end.
+        if self.more_body:
             close = True
         if self.scope["method"] == "HEAD" or status in (204, 304) or status < 200:
             self.mode = _NO_BODY

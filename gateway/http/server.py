@@ -8,8 +8,14 @@ HTTP/1.1 API server needs: ASGI 3 `http` (spec 2.4) and `lifespan`; no
 websockets, no TLS, no HTTP/2 (upgrade requests are answered as plain HTTP/1.1,
 see `gateway.http.connection`).
 
-The answers the server gives on its own (400 malformed request, 431 head too
-large, 500 app failure) take their headers and body from `render_error`
+Timeouts (see `gateway.http.connection`): `idle_timeout` (keep-alive: no byte
+of a next request), `head_timeout` (a request head begun), `body_timeout` (the
+longest gap between two request body bytes) and `body_total_timeout` (a whole
+request body).
+
+The answers the server gives on its own (400 malformed request or missing
+`Host`, 408 request body not received in time, 431 head too large, 500 app
+failure) take their headers and body from `render_error`
 (`gateway.http.responses.ErrorRenderer`; default: `json_error`), so that an
 application can make them look like its own errors.
 
@@ -117,6 +123,9 @@ class LeanServer:
         port: int = 8080,
         *,
         idle_timeout: float = 5.0,
+        head_timeout: float = 5.0,
+        body_timeout: float = 30.0,
+        body_total_timeout: float = 300.0,
         graceful_timeout: float = 2.0,
         backlog: int = 2048,
         render_error: ErrorRenderer = json_error,
@@ -125,6 +134,9 @@ class LeanServer:
         self.host = host
         self.port = port
         self.idle_timeout = idle_timeout
+        self.head_timeout = head_timeout
+        self.body_timeout = body_timeout
+        self.body_total_timeout = body_total_timeout
         self.graceful_timeout = graceful_timeout
         self.backlog = backlog
         self.render_error = render_error
@@ -144,7 +156,15 @@ class LeanServer:
         if not await lifespan.startup():
             log.error("Application startup failed. Exiting.")
             raise SystemExit(STARTUP_FAILURE)
-        state = self.state = ServerState(self.app, loop, self.idle_timeout, self.render_error)
+        state = self.state = ServerState(
+            self.app,
+            loop,
+            self.idle_timeout,
+            self.render_error,
+            head_timeout=self.head_timeout,
+            body_timeout=self.body_timeout,
+            body_total_timeout=self.body_total_timeout,
+        )
         state.app_state = lifespan.state
         self._refresh_date()
 

@@ -22,8 +22,11 @@ class ServerState:
     __slots__ = (
         "app",
         "app_state",
+        "body_timeout",
+        "body_total_timeout",
         "connections",
         "date_line",
+        "head_timeout",
         "idle_timeout",
         "loop",
         "render_error",
@@ -37,10 +40,17 @@ class ServerState:
         loop: asyncio.AbstractEventLoop,
         idle_timeout: float,
         render_error: ErrorRenderer,
+        *,
+        head_timeout: float = 5.0,
+        body_timeout: float = 30.0,
+        body_total_timeout: float = 300.0,
     ) -> None:
         self.app = app
         self.loop = loop
-        self.idle_timeout = idle_timeout
+        self.idle_timeout = idle_timeout  # keep-alive: no byte of a next request for this long
+        self.head_timeout = head_timeout  # a request head begun must be complete within this
+        self.body_timeout = body_timeout  # the longest gap between two request body bytes
+        self.body_total_timeout = body_total_timeout  # the whole request body, from its head
         self.render_error = render_error  # the body of the server's own error answers
         self.app_state: dict[str, Any] = {}  # the lifespan's state; each request gets a copy
         self.connections: set[Closable] = set()

@@ -34,6 +34,11 @@ class Listener:
     server: Literal["uvicorn", "lean"] = "uvicorn"
     #: the body of the lean server's own error answers (uvicorn keeps its own)
     render_error: ErrorRenderer = json_error
+    #: the lean server's timeouts, in seconds (uvicorn ignores them)
+    head_timeout: float = 5.0  # a request head, from its first byte
+    body_timeout: float = 30.0  # the longest gap between two request body bytes
+    body_total_timeout: float = 300.0  # a whole request body, from its head
+    keepalive_timeout: float = 5.0  # an idle keep-alive connection (or one never used)
 
 
 def run(main: Any) -> None:
@@ -144,7 +149,10 @@ def _make_server(listener: Listener, log_level: str) -> uvicorn.Server | LeanSer
             listener.app,
             listener.host,
             listener.port,
-            idle_timeout=5.0,
+            idle_timeout=listener.keepalive_timeout,
+            head_timeout=listener.head_timeout,
+            body_timeout=listener.body_timeout,
+            body_total_timeout=listener.body_total_timeout,
             graceful_timeout=2.0,
             render_error=listener.render_error,
         )

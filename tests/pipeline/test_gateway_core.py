@@ -144,6 +144,10 @@ def test_bad_requests(gw_scripted: tuple[Script, RunningGateway]) -> None:
     for path in ("/tokenize", "/admin/replicas", "/v1/embeddings"):
         assert httpx.post(gw.url + path, json={}, timeout=10).status_code == 404
     assert httpx.get(url, timeout=10).status_code == 405
+    # A trailing slash is an unknown path, not a redirect built from the Host header.
+    slash = httpx.post(url + "/", json={}, headers={"host": "evil.example"}, timeout=10)
+    assert slash.status_code == 404 and "location" not in slash.headers
+    assert slash.json()["error"]["type"] == "not_found_error"
     assert script.seen == []
 
 
