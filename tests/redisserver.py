@@ -89,6 +89,8 @@ class RedisServer:
         while not _pings(self.port):
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode() if self._proc.stderr else ""
+                if self._proc.stderr is not None:
+                    self._proc.stderr.close()
                 self._proc = None
                 raise RuntimeError(f"redis-server exited at start: {err}")
             if time.monotonic() > deadline:

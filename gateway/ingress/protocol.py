@@ -9,6 +9,8 @@ to judge.
 from __future__ import annotations
 
 import json
+import math
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,9 +62,31 @@ class _PairsHook(threading.local):
         return obj
 
 
+#: Limits on the JSON of every body, checked right after decoding and before
+#: anything else reads it; a body over one is refused with 400 `invalid_json`
+#: naming the limit (and, below the top level, the top-level key as `param`).
+#: Nesting depth counts containers, the body's own object being 1: OpenAI
+#: bodies rarely exceed ~20 (tool schemas), and the JSON decoder itself (and
+#: any recursive code after it) fails near 1,000.
+MAX_JSON_DEPTH = 64
+#: Digits in an integer literal (int64 seeds have 19): Python refuses to read
+#: more than 4,300 (`sys.int_max_str_digits`) and engines refuse far fewer.
+MAX_INT_DIGITS = 100
+_INT_BOUND = 10**MAX_INT_DIGITS
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InvalidJSON(f"Request body is not valid JSON: {name} is not a JSON number.")
+
+
 _HOOK = _PairsHook()
-_DECODER = json.JSONDecoder(object_pairs_hook=_HOOK)
+#: `parse_constant` refuses the NaN/Infinity literals `json` accepts by default.
+_DECODER = json.JSONDecoder(object_pairs_hook=_HOOK, parse_constant=_refuse_constant)
 _BOM = b"\xef\xbb\xbf"
+#: A surrogate escape anywhere (an escaped backslash may precede it: a superset);
+#: only then are strings searched for lone surrogates (pairs decode to one char).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _canonical_encoder() -> Callable[[Any], str]:
@@ -112,9 +136,110 @@ def parse_json_document(raw: bytes) -> tuple[dict[str, Any], bool]:
         raise InvalidJSON(
             f"Request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
         ) from exc
+    except RecursionError as exc:
+        raise _too_deep(None) from exc
+    except ValueError as exc:  # an integer over `sys.int_max_str_digits`
+        raise _too_long(None) from exc
     if not isinstance(data, dict):
         raise InvalidJSON(f"Request body must be a JSON object, got {type(data).__name__}.")
+    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    for key, value in data.items():
+        _check_json_value(key, value, 2, surrogates)
     return data, not (bom or _HOOK.repeated)
+
+
+def _too_deep(param: str | None) -> InvalidJSON:
+    return InvalidJSON(
+        f"Request body nests arrays and objects deeper than the limit of {MAX_JSON_DEPTH} levels.",
+        param=param,
+    )
+
+
+def _check_json_value(param: str, value: Any, depth: int, surrogates: bool) -> None:
+    """Refuse what no engine should see inside the top-level key `param`: nesting
+    over `MAX_JSON_DEPTH`, integers over `MAX_INT_DIGITS` digits, non-finite
+    numbers and (when `surrogates`) lone surrogates in strings or keys."""
+    if surrogates and _SURROGATE.search(param) is not None:
+        raise _lone_surrogate(None)
+    kind = type(value)
+    if kind is dict or kind is list:
+        _check_container(param, value, depth, surrogates)
+    else:
+        _check_scalar(param, value, surrogates)
+
+
+def _check_container(param: str, node: Any, depth: int, surrogates: bool) -> None:
+    """Runs on every body: strings are skipped at once, and a list is first
+    classified by type in C (`set(map(type, ...))`), so a list of strings or of
+    token ids costs a pass or two in C, not a Python loop. Recursion is bounded
+    by `MAX_JSON_DEPTH`."""
+    if type(node) is dict:
+        if surrogates:
+            for key in node:
+                if _SURROGATE.search(key) is not None:
+                    raise _lone_surrogate(param)
+        values: Any = node.values()
+        if not surrogates and set(map(type, values)) == _STR_ONLY:
+            return  # e.g. a message with text content: nothing to look into
+    else:
+        values = node
+        types = set(map(type, node))
+        if not surrogates and types == _STR_ONLY:
+            return
+        if types <= _NUMBERS:  # token ids, embeddings: bounds in C
+            if node and (max(node) >= _INT_BOUND or min(node) <= -_INT_BOUND):
+                raise _too_long(param)
+            if float in types and not all(map(math.isfinite, node)):
+                raise _not_finite(param)
+            return
+    for item in values:
+        kind = type(item)
+        if kind is str:
+            if surrogates and _SURROGATE.search(item) is not None:
+                raise _lone_surrogate(param)
+        elif kind is dict or kind is list:
+            if depth >= MAX_JSON_DEPTH:
+                raise _too_deep(param)
+            _check_container(param, item, depth + 1, surrogates)
+        elif kind is int or kind is float:
+            _check_scalar(param, item, surrogates)
+
+
+_STR_ONLY = {str}
+_NUMBERS = {int, float}
+
+
+def _check_scalar(param: str, value: Any, surrogates: bool) -> None:
+    kind = type(value)
+    if kind is int:
+        if value >= _INT_BOUND or value <= -_INT_BOUND:
+            raise _too_long(param)
+    elif kind is float:
+        if not math.isfinite(value):
+            raise _not_finite(param)
+    elif kind is str and surrogates and _SURROGATE.search(value) is not None:
+        raise _lone_surrogate(param)
+
+
+def _too_long(param: str | None) -> InvalidJSON:
+    return InvalidJSON(
+        f"Request body has an integer longer than the limit of {MAX_INT_DIGITS} digits.",
+        param=param,
+    )
+
+
+def _not_finite(param: str) -> InvalidJSON:
+    return InvalidJSON(
+        "Request body has a number too large to be finite; numbers must be finite.", param=param
+    )
+
+
+def _lone_surrogate(param: str | None) -> InvalidJSON:
+    return InvalidJSON(
+        "Request body has a string with a lone surrogate escape (\\ud800-\\udfff without "
+        "its pair); strings must be valid Unicode.",
+        param=param,
+    )
 
 
 def _type_error(param: str, expected: str, value: Any) -> BadRequest:

@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from gateway.state import Claim, StoreUnavailable
 from gateway.state.redis import CrossSlotKeys, RedisStateStore
-from tests.redisserver import RedisServer
+from tests.redisserver import RedisServer, _free_port
 
 pytestmark = pytest.mark.redis
 K = "adm:{r0}:kv"
@@ -228,7 +228,12 @@ def test_reservation_ids_are_unique_across_instances(redis_url: str) -> None:
 def test_a_single_node_redis_cluster_serves_the_store(tmp_path: Path) -> None:
     """`state.redis.cluster: true` against a real (one-node) Redis Cluster: the
     scripts run in the slot of their hash tag; keys of several slots are refused."""
-    server = RedisServer(tmp_path, extra_args=("--cluster-enabled", "yes"))
+    # The cluster bus needs a port of its own (by default port + 10000, which
+    # may be taken or past 65535): give it a free one.
+    bus = _free_port()
+    server = RedisServer(
+        tmp_path, extra_args=("--cluster-enabled", "yes", "--cluster-port", str(bus))
+    )
     server.start()
     try:
 
