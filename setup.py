@@ -27,7 +27,10 @@ COMPILED_MODULES = {
     "gateway/forward/rawbody.py": ["tests/forward/test_rawbody.py"],
     "gateway/forward/reassemble.py": ["tests/forward/test_reassemble.py"],
     "gateway/forward/sse.py": ["tests/forward/test_sse.py"],
-    "gateway/ingress/protocol.py": ["tests/ingress/test_protocol.py"],
+    "gateway/ingress/protocol.py": [
+        "tests/ingress/test_protocol.py",
+        "tests/ingress/test_hostile_json.py",
+    ],
     "gateway/observability/cells.py": ["tests/observability/test_fastmetrics.py"],
     "gateway/policy/estimate.py": ["tests/policy/test_tokens.py"],
     "gateway/scheduling/hashing.py": ["tests/scheduling/test_scheduling.py"],

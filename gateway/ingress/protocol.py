@@ -86,7 +86,7 @@ _BOM = b"\xef\xbb\xbf"
 #: A surrogate escape anywhere (an escaped backslash may precede it: a superset);
 #: only then are strings searched for lone surrogates (pairs decode to one char).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile("[" + chr(0xD800) + "-" + chr(0xDFFF) + "]")
 
 
 def _canonical_encoder() -> Callable[[Any], str]:
