@@ -117,12 +117,22 @@ class HealthConfig:
     timeout_s: float = 2.0
     unhealthy_after: int = 2
     healthy_after: int = 1
+    #: passive health (gateway/replicas/outliers.py): consecutive failed
+    #: exchanges that eject a replica from routing (0: never), for how long at
+    #: first, and at most (doubling while it keeps failing)
+    eject_after: int = 5
+    eject_base_s: float = 5.0
+    eject_max_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be > 0")
         if self.unhealthy_after < 1 or self.healthy_after < 1:
             raise ValueError("unhealthy_after and healthy_after must be >= 1")
+        if self.eject_after < 0:
+            raise ValueError(f"eject_after must be >= 0, got {self.eject_after}")
+        if not 0 < self.eject_base_s <= self.eject_max_s:
+            raise ValueError("eject_base_s must be > 0 and <= eject_max_s")
 
 
 @dataclass(frozen=True, slots=True)

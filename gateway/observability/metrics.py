@@ -111,6 +111,12 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
+        self.replica_ejections = Counter(
+            "gateway_replica_ejections",
+            "Times a replica was taken out of routing for failing exchanges (passive health).",
+            ["replica"],
+            registry=r,
+        )
         self.replica_in_flight = Gauge(
             "gateway_replica_in_flight",
             "Requests forwarded to the replica.",

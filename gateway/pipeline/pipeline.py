@@ -38,6 +38,7 @@ from gateway.pipeline.context import RequestContext
 from gateway.pipeline.settle import Settle
 from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
+from gateway.replicas.outliers import OutlierDetector, failed_exchange
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.scheduling.affinity import SessionAffinity
 from gateway.scheduling.router import Router
@@ -65,6 +66,9 @@ class Pipeline:
         self.stages = stages
         self._metrics = metrics
         self._settle = Settle(metrics, cfg.access_log)
+        self._outliers = OutlierDetector(
+            cfg.health, lambda r: metrics.replica_ejections.labels(r.name).inc()
+        )
 
     async def handle(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
         self._metrics.admitted.inc()
@@ -143,13 +147,16 @@ class Pipeline:
                 await s.affinity.remember(ctx, replica.name)
             try:
                 await s.forwarder.forward(ctx, replica, send)
-            except UpstreamNeverReached:
+            except UpstreamNeverReached as err:
                 self._count_attempt(replica, "never_reached")
+                self._outliers.record(replica, failed_exchange(err))
                 raise
-            except GatewayError:
+            except GatewayError as err:
                 self._count_attempt(replica, "error")
+                self._outliers.record(replica, failed_exchange(err))
                 raise
             self._count_attempt(replica, "ok")
+            self._outliers.record(replica, False)
 
     def _count_attempt(self, replica: Replica, result: str) -> None:
         self._metrics.attempts_by(replica.name, result).inc()

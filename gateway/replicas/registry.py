@@ -58,6 +58,11 @@ class Replica:
     models: list[dict[str, Any]] = field(default_factory=list)
     max_model_len: int | None = None
     in_flight: int = 0
+    #: passive health (gateway/replicas/outliers.py): consecutive failed
+    #: exchanges, ejections in a row, and out of routing until (monotonic)
+    exchange_failures: int = 0
+    ejections: int = 0
+    ejected_until: float = 0.0
     #: engine readings merged with the admission ledger (None until admission tracks it)
     live: LiveState | None = None
     # copies of config.name / config.url (read many times per request)
@@ -89,6 +94,8 @@ class Replica:
             "models": [m.get("id") for m in self.models],
             "max_model_len": self.max_model_len,
             "in_flight": self.in_flight,
+            "ejected_for_s": max(0.0, round(self.ejected_until - time.monotonic(), 3)),
+            "exchange_failures": self.exchange_failures,
             "live": self.live.describe() if self.live is not None else None,
         }
 
@@ -109,7 +116,9 @@ class ReplicaRegistry:
         return self._by_name.get(name)
 
     def healthy(self) -> list[Replica]:
-        return [r for r in self.replicas if r.healthy]
+        """Replicas that pass health checks and are not ejected for failing exchanges."""
+        now = time.monotonic()
+        return [r for r in self.replicas if r.healthy and r.ejected_until <= now]
 
     def models(self) -> list[dict[str, Any]]:
         """Union of the replicas' served models (first seen wins)."""
