@@ -143,9 +143,8 @@ class Gateway:
         # No 307 to the path without its trailing slash: the redirect's Location
         # would be built from the client's Host header. Unknown paths are 404s.
         app.router.redirect_slashes = False
-        return PublicApp(
-            app, {"/v1/chat/completions": routes[0].app, "/v1/completions": routes[1].app}
-        )
+        fast = {"/v1/chat/completions": routes[0].app, "/v1/completions": routes[1].app}
+        return PublicApp(app, fast, self.new_request_id)
 
     def _endpoint(self, name: str) -> CompletionsEndpoint:
         return CompletionsEndpoint(
@@ -188,7 +187,10 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
         err = NotFound(
             f"Unknown path: {request.method} {request.url.path}.", status=exc.status_code
         )
-    return error_response(err)
+    response = error_response(err)
+    if exc.headers:  # a 405 names the methods the path allows (`Allow`)
+        response.headers.update(exc.headers)
+    return response
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

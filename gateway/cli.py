@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gateway import buildinfo
+from gateway import __version__, buildinfo
 from gateway.config.decode import ConfigError
 from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config, load_config
 from gateway.http.serving import Listener, run, serve_all, tune_gc
@@ -35,6 +35,9 @@ def _replica_arg(value: str) -> ReplicaConfig:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"gateway {__version__} ({buildinfo.describe()})"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help="gateway YAML config file")
@@ -62,11 +65,22 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     check = sub.add_parser("check-config", help="validate a config and print the effective config")
     check.add_argument("file")
-    demo = sub.add_parser("demo", help="simulated replicas + gateway on loopback, no GPU needed")
-    demo.add_argument("--port", type=int, default=8080)
-    demo.add_argument("--admin-port", type=int, default=9090)
-    demo.add_argument("--replicas", type=int, default=2)
-    demo.add_argument("--sim-port", type=int, default=8101)
+    demo = sub.add_parser(
+        "demo",
+        help="simulated replicas + gateway on loopback, no GPU needed",
+        description="Run simulated vLLM replicas and the gateway in front of them, on loopback.",
+    )
+    demo.add_argument("--port", type=int, default=8080, help="gateway public port (default 8080)")
+    demo.add_argument(
+        "--admin-port", type=int, default=9090, help="gateway admin port: /metrics (default 9090)"
+    )
+    demo.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
+    demo.add_argument(
+        "--sim-port",
+        type=int,
+        default=8101,
+        help="port of the first simulated replica; the others follow (default 8101)",
+    )
     sim = sub.add_parser("sim", help="run simulated vLLM / llama.cpp replicas")
     from gateway.sim.cli import add_sim_arguments
 

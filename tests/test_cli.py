@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 
+from gateway import __version__
 from gateway.http.serving import free_port
 from gateway.sim.cluster import SimCluster
 
@@ -189,3 +190,11 @@ def test_serve_refuses_plugin_specs_the_registry_does_not_know(tmp_path: Path) -
     assert result.stderr.startswith("config error:\n")
     assert "scheduling: plugins[0].type: unknown plugin type 'nope'" in result.stderr
     assert "profiles[0].picker: no plugin named 'x' is defined" in result.stderr
+
+
+def test_version_names_the_release_and_the_build() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    assert out.stdout.startswith(f"gateway {__version__} (")

@@ -33,19 +33,36 @@ class ClientGone(Exception):
 class PublicApp:
     """The public ASGI app: completion POSTs go straight to their endpoint (the
     hot path skips Starlette's middleware and routing); everything else, and
-    the lifespan, goes through the Starlette app."""
+    the lifespan, goes through the Starlette app. Every HTTP answer carries
+    `x-request-id` (the client's, or a new one), 404s and 405s included."""
 
-    def __init__(self, app: Starlette, fast: dict[str, ASGIApp]) -> None:
+    def __init__(
+        self, app: Starlette, fast: dict[str, ASGIApp], new_request_id: Callable[[], str]
+    ) -> None:
         self.app = app
         self._fast = fast
+        self._new_request_id = new_request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "POST":
             endpoint = self._fast.get(scope["path"])
             if endpoint is not None:
                 await endpoint(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        rid = header_map(scope["headers"]).get("x-request-id", "")
+        rid = rid if _REQUEST_ID.match(rid) else self._new_request_id()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
+                headers.append((b"x-request-id", rid.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class CompletionsEndpoint:

@@ -148,6 +148,13 @@ def test_bad_requests(gw_scripted: tuple[Script, RunningGateway]) -> None:
     slash = httpx.post(url + "/", json={}, headers={"host": "evil.example"}, timeout=10)
     assert slash.status_code == 404 and "location" not in slash.headers
     assert slash.json()["error"]["type"] == "not_found_error"
+    # Every answer carries a request id (the client's when valid); a 405 says what is allowed.
+    assert httpx.get(gw.url + "/nope", timeout=10).headers["x-request-id"]
+    mine = httpx.get(gw.url + "/nope", headers={"x-request-id": "req-42"}, timeout=10)
+    assert mine.headers["x-request-id"] == "req-42"
+    not_allowed = httpx.get(url, timeout=10)
+    assert not_allowed.headers["x-request-id"] and "POST" in not_allowed.headers["allow"]
+    assert httpx.get(gw.url + "/healthz", timeout=10).headers["x-request-id"]
     assert script.seen == []
 
 
