@@ -98,13 +98,16 @@ def _load_config(path: str) -> GatewayConfig:
 def _serve_config(args: argparse.Namespace) -> GatewayConfig:
     cfg = _load_config(args.config) if args.config else GatewayConfig()
     listen = cfg.listen
-    listen = dataclasses.replace(
-        listen,
-        host=args.host or listen.host,
-        port=listen.port if args.port is None else args.port,
-        admin_port=listen.admin_port if args.admin_port is None else args.admin_port,
-        server=args.server or listen.server,
-    )
+    try:
+        listen = dataclasses.replace(
+            listen,
+            host=args.host or listen.host,
+            port=listen.port if args.port is None else args.port,
+            admin_port=listen.admin_port if args.admin_port is None else args.admin_port,
+            server=args.server or listen.server,
+        )
+    except ValueError as exc:  # e.g. --server uvicorn with the lean server's timeouts set
+        raise ConfigError([f"listen: {exc}"]) from None
     replicas = cfg.replicas + tuple(args.replica)
     if not replicas:
         raise ConfigError(

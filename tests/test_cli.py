@@ -198,3 +198,16 @@ def test_version_names_the_release_and_the_build() -> None:
     )
     assert out.returncode == 0
     assert out.stdout.startswith(f"gateway {__version__} (")
+
+
+def test_serve_refuses_lean_timeouts_with_uvicorn(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("listen: {body_timeout_s: 10}\nreplicas: [{url: 'http://127.0.0.1:1'}]\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--server", "uvicorn"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert "body_timeout_s" in out.stderr and "uvicorn" in out.stderr

@@ -41,6 +41,9 @@ SECRET_FIELDS = frozenset(
 )
 
 
+_LEAN_TIMEOUTS = ("head_timeout_s", "body_timeout_s", "body_total_timeout_s", "keepalive_timeout_s")
+
+
 @dataclass(frozen=True, slots=True)
 class ListenConfig:
     host: str = "127.0.0.1"
@@ -48,7 +51,8 @@ class ListenConfig:
     admin_host: str = "127.0.0.1"
     admin_port: int = 9090
     server: Literal["lean", "uvicorn"] = "lean"  # the public listener's HTTP server
-    # The lean server's timeouts, in seconds (uvicorn ignores them):
+    # The lean server's timeouts, in seconds (refused with uvicorn, which has none
+    # of them: a setting either works or is refused):
     head_timeout_s: float = 5.0  # a request head, from its first byte
     body_timeout_s: float = 30.0  # the longest gap between two request body bytes
     body_total_timeout_s: float = 300.0  # a whole request body, from its head
@@ -59,15 +63,20 @@ class ListenConfig:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ValueError(f"{name} must be a TCP port (0-65535), got {value}")
-        for name in (
-            "head_timeout_s",
-            "body_timeout_s",
-            "body_total_timeout_s",
-            "keepalive_timeout_s",
-        ):
+        for name in _LEAN_TIMEOUTS:
             value = getattr(self, name)
             if not value > 0:  # (also refuses NaN)
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.server == "uvicorn":
+            default = ListenConfig()
+            changed = [
+                name for name in _LEAN_TIMEOUTS if getattr(self, name) != getattr(default, name)
+            ]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)}: the lean server's timeouts; server: uvicorn "
+                    "does not apply them (use server: lean, or leave them unset)"
+                )
 
 
 @dataclass(frozen=True, slots=True)

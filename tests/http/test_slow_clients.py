@@ -310,6 +310,16 @@ def test_listen_timeouts_must_be_positive(key: str) -> None:
         ListenConfig(**{key: float("nan")})
 
 
+@pytest.mark.parametrize(
+    "key", ["head_timeout_s", "body_timeout_s", "body_total_timeout_s", "keepalive_timeout_s"]
+)
+def test_lean_server_timeouts_are_refused_with_uvicorn(key: str) -> None:
+    """A setting either works or is refused: uvicorn has none of these timeouts."""
+    with pytest.raises(ValueError, match=key):
+        ListenConfig(server="uvicorn", **{key: 7.0})
+    ListenConfig(server="uvicorn")  # the defaults are fine
+
+
 def test_listen_timeouts_reach_the_public_listener_and_the_gateway_answers_408() -> None:
     listen = ListenConfig(
         port=free_port(),
