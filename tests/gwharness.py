@@ -1,4 +1,7 @@
-"""Run a real gateway (public + admin listeners under uvicorn) on loopback ports.
+"""Run a real gateway (public listener on the lean server, admin on uvicorn) on
+loopback ports; `server="uvicorn"` runs the public app under uvicorn instead
+(test-only: `gateway serve` refuses it, see `listen.server`), which exercises
+the gateway's path for servers without the lean server's disconnect extension.
 
 with running_gateway([url1, url2], health=HealthConfig(interval_s=0.2)) as gw:
     client = gw.openai()
@@ -60,15 +63,13 @@ class RunningGateway:
 
 def make_config(
     replica_urls: Sequence[str | ReplicaConfig],
-    *,
-    server: Literal["lean", "uvicorn"] = "lean",
     **overrides: Any,
 ) -> GatewayConfig:
     replicas = tuple(
         r if isinstance(r, ReplicaConfig) else ReplicaConfig(url=r) for r in replica_urls
     )
     overrides.setdefault("health", FAST_HEALTH)
-    listen = ListenConfig(port=free_port(), admin_port=free_port(), server=server)
+    listen = ListenConfig(port=free_port(), admin_port=free_port())
     return dataclasses.replace(GatewayConfig(), replicas=replicas, listen=listen, **overrides)
 
 
@@ -77,12 +78,15 @@ def running_gateway(
     replica_urls: Sequence[str | ReplicaConfig] = (),
     *,
     config: GatewayConfig | None = None,
+    server: Literal["lean", "uvicorn"] = "lean",
     **overrides: Any,
 ) -> Iterator[RunningGateway]:
     cfg = config if config is not None else make_config(replica_urls, **overrides)
     gw = create_app(cfg)
     host = cfg.listen.host
-    servers = BackgroundServers(gw.listeners())
+    listeners = gw.listeners()
+    listeners[0] = dataclasses.replace(listeners[0], server=server)
+    servers = BackgroundServers(listeners)
     with servers:
         yield RunningGateway(
             gw,

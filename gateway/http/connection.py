@@ -4,37 +4,30 @@
 Each complete request head becomes an `Exchange` (`gateway.http.exchange`)
 served by one task, the app call. Requests are answered in order: a pipelined
 request waits in a queue, with reading paused, until the response before it
-is complete; the next app call starts then.
+is complete; the next app call starts then. Input is parsed in slices of
+`FEED_SLICE` bytes (plus what remains of a declared body, which completes no
+request); once `MAX_PIPELINE` requests wait, parsing pauses too and the rest
+of the input waits, unparsed, until the queue shrinks: no request is dropped,
+and the queue holds at most `MAX_PIPELINE` plus the requests one slice holds.
 
-Limits and errors: a request line + headers over `MAX_HEAD` bytes is answered
-`431`, a malformed request `400`, both with `connection: close`. Upgrade
-requests (websocket, h2c, CONNECT) are served as plain HTTP/1.1 (a server may
-ignore `Upgrade`, RFC 9110 §7.8) and the connection closes after the response;
-one that also carries a body is refused with `400`. The body of these answers
-comes from the server's `ErrorRenderer` (`gateway.http.responses`). A half-close from the
-client counts as a disconnect.
-
-An HTTP/1.1 request without a `Host` header, or any request with more than
-one, is answered `400` and the connection closes (RFC 9112 §3.2).
+Refusals: what `gateway.http.request_head` refuses in a head (`431` over
+`MAX_HEAD`, `400` for a missing or doubled `Host`, an `Upgrade` with a body,
+a bad target) and a malformed request (`400`) are answered with
+`connection: close`, the body from the server's `ErrorRenderer`
+(`gateway.http.responses`). A request behind one still being answered is
+refused after that answer. A half-close from the client counts as a
+disconnect.
 
 Keep-alive: HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with
 `Connection: keep-alive` and a response of known length. A response that
 starts before its request's body is complete (a 413 for a declared length over
 the limit, a 404 without reading) closes the connection after it: the rest of
 the body is not read to its end (only discarded for `LINGER_S` while closing).
+An upgraded request is served as plain HTTP/1.1 and the connection closes.
 
-Timeouts, one timer per connection re-armed lazily (never a task or a timer
-per request): a connection with no byte of a next request for `idle_timeout`
-seconds (since the last response, or since it was opened) is closed; a request
-head must be complete within `head_timeout` of its first byte (else the
-connection closes); a request body must not pause for more than
-`body_timeout` between two bytes nor take more than `body_total_timeout` in
-all (a stalled `Content-Length` body, a chunked body without its final
-chunk, `Expect: 100-continue` and no body): the request is answered `408` if
-its response has not started, and the connection closes (the app's `receive()`
-returns `http.disconnect`). Time during which the server itself does not read
-(a pipelined request waiting its turn, an app not reading its body, a
-`100 Continue` not yet sent) does not count against the client.
+Timeouts: `gateway.http.conn_timer` (idle keep-alive, head, body; a stalled
+body is answered `408` if its response has not started, then the connection
+closes and the app's `receive()` returns `http.disconnect`).
 """
 
 from __future__ import annotations
@@ -42,52 +35,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any, Final, cast
-from urllib.parse import unquote
-
-import httptools
+from typing import Final, cast
 
 from gateway.http.asgi import Scope
+from gateway.http.conn_timer import BODY, IDLE, ConnectionTimer
 from gateway.http.exchange import BODY_HIGH_WATER, Exchange
+from gateway.http.request_head import Reject, peer_address
+from gateway.http.request_parser import RequestParser
 from gateway.http.responses import error_response
 from gateway.http.server_state import ServerState
 
+__all__ = ["FEED_SLICE", "LINGER_S", "MAX_PIPELINE", "HttpConnection"]
+
 log = logging.getLogger("gateway.http.server")
 
-MAX_HEAD: Final = 64 * 1024  # request line + headers
-MAX_PIPELINE: Final = 32  # queued requests per connection; beyond, the connection closes after them
+MAX_PIPELINE: Final = 32  # queued requests per connection before parsing pauses
+FEED_SLICE: Final = 4096  # input parsed at once (bounds what one parse can queue past the cap)
 LINGER_S: Final = 2.0  # input is discarded this long after an answer that leaves input unread
-_METHODS: Final = {
-    m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")
-}
-_TOO_LARGE: Final = "Request line and headers too large."
-_TOO_LARGE_CODE: Final = "request_headers_too_large"
-# What the connection's timer watches (`_phase`).
-_IDLE: Final = 0  # no byte of a next request yet: `idle_timeout`
-_HEAD: Final = 1  # a request head is arriving: `head_timeout`
-_BODY: Final = 2  # the body of a request is arriving: `body_timeout`, `body_total_timeout`
-_BUSY: Final = 3  # a request is being answered: no timeout
-
-
-class _Reject(Exception):
-    """Raised in a parser callback to stop parsing and answer with an error
-    (status 0: close without an answer)."""
-
-    def __init__(self, status: int, reason: str, code: str | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.code = code
-
-
-def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
-    return len(url) + sum(len(n) + len(v) + 4 for n, v in headers)
-
-
-def _addr(info: Any) -> tuple[str, int] | None:
-    if isinstance(info, tuple) and len(info) >= 2:
-        return (str(info[0]), int(info[1]))
-    return None
 
 
 class HttpConnection(asyncio.Protocol):
@@ -97,25 +61,14 @@ class HttpConnection(asyncio.Protocol):
         "_current",
         "_deferred_error",
         "_drain",
-        "_expect",
-        "_fresh",
-        "_head_lower",
-        "_head_upper",
-        "_headers",
-        "_hosts",
-        "_last",
-        "_parser",
         "_parsing",
-        "_phase",
         "_queue",
         "_read_paused",
-        "_server",
-        "_since",
+        "_reader",
+        "_stash",
         "_stopped",
         "_timer",
-        "_timer_at",
         "_transport",
-        "_url",
         "loop",
         "state",
         "write_paused",
@@ -124,49 +77,38 @@ class HttpConnection(asyncio.Protocol):
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.loop = state.loop
-        self._parser = httptools.HttpRequestParser(self)
-        # Answer a request even when bytes follow a `Connection: close` one (as uvicorn does).
-        self._parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self._reader = RequestParser(self, state.app_state)
         self._transport: asyncio.Transport = cast(asyncio.Transport, None)  # set in connection_made
         self._client: tuple[str, int] | None = None
-        self._server: tuple[str, int] | None = None
-        self._url = b""  # non-empty while a request head is being parsed
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._expect = False
-        self._hosts = 0  # Host header lines of the head being parsed
-        self._head_upper = 0  # head bytes in earlier reads, at most (with the read it began in)
-        self._head_lower = 0  # head bytes in earlier reads, at least (without that read)
-        self._fresh = False  # a head was completed during the current read
         self._parsing: Exchange | None = None  # the request whose body is being received
         self._current: Exchange | None = None  # the request being answered
         self._queue: deque[Exchange] | None = None  # pipelined requests waiting for their turn
+        self._stash: bytes | None = None  # input not parsed yet: the queue is full
         self._deferred_error: bytes | None = None  # answer to a bad request behind the current one
         self._closed = False
         self._stopped = False  # no more requests are parsed on this connection
         self._read_paused = False
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
-        self._phase = _IDLE
-        self._since = 0.0  # when the current phase began
-        self._last = 0.0  # when the last body byte arrived (phase `_BODY`)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0  # when `_timer` fires
+        self._timer = ConnectionTimer(self, state)
+
+    @property
+    def backlog(self) -> int:
+        """Requests parsed and waiting for their turn."""
+        return len(self._queue or ())
 
     # --- transport callbacks ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
-        self._client = _addr(transport.get_extra_info("peername"))
-        self._server = _addr(transport.get_extra_info("sockname"))
+        self._client = self._reader.client = peer_address(transport.get_extra_info("peername"))
+        self._reader.server = peer_address(transport.get_extra_info("sockname"))
         self.state.connections.add(self)
         self._become_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state.connections.discard(self)
         self._mark_closed()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def eof_received(self) -> bool | None:
         return None  # a half-close is a disconnect: the transport closes itself
@@ -181,129 +123,51 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._stopped:
             return
-        phase = self._phase
-        if phase == _IDLE:  # the first bytes of a request head
-            self._phase = _HEAD
-            self._since = now = self.loop.time()
-            self._arm(now + self.state.head_timeout)
-        elif phase == _BODY:
-            self._last = self.loop.time()
-        was_in_head = self._url != b""
-        self._fresh = False
-        self._head_upper += len(data)
+        if self._stash is not None:  # (reading is paused: not expected)
+            self._stash += data
+            return
+        timer = self._timer
+        if timer.phase == IDLE:  # the first bytes of a request head
+            timer.head_begins()
+        elif timer.phase == BODY:
+            timer.last = self.loop.time()
+        self._feed(data)
+
+    # --- parsing ---------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        """Parse `data` slice by slice; once the queue is full, keep the rest in `_stash`."""
+        size = len(data)
+        view = memoryview(data) if size > FEED_SLICE else data
+        start = 0
+        while start < size:
+            queue = self._queue
+            if queue is not None and len(queue) >= MAX_PIPELINE:
+                self._stash = bytes(view[start:])
+                self.pause_reading()
+                break
+            end = start + FEED_SLICE + self._reader.body_left  # (body bytes complete no request)
+            if not self._parse(view[start:end] if start or end < size else data):
+                return
+            start = end
+        if self._parsing is not None and self._timer.phase != BODY:
+            self._timer.body_begins()
+
+    def _parse(self, data: bytes | memoryview) -> bool:
+        """Feed the parser; False once this connection parses no more."""
         try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._stop_parsing()  # the request was served as plain HTTP; nothing more is read
-            return
-        except httptools.HttpParserError as exc:
-            cause = exc.__context__
-            if isinstance(cause, _Reject) and cause.status == 0:
-                log.debug("%s from %s", cause.reason, self._client)
-                self._stop_parsing()
-            elif isinstance(cause, _Reject):
-                self._bad_request(cause.status, cause.reason, cause.code)
-            else:
-                reason = f"Malformed HTTP request: {cause or exc}"
-                self._bad_request(400, reason, "malformed_request")
-            return
-        if self._url:  # a head is still incomplete at the end of this read
-            if self._fresh or not was_in_head:
-                self._head_upper = len(data)
-                self._head_lower = 0
-            else:
-                self._head_lower += len(data)
-                if self._head_lower > MAX_HEAD:
-                    self._bad_request(431, _TOO_LARGE, _TOO_LARGE_CODE)
-                    return
-        else:
-            self._head_upper = 0
-        if self._parsing is not None and self._phase != _BODY:
-            self._body_begins()
+            if self._reader.feed(data):
+                return True
+            self._stop_parsing()  # an upgrade request, served as plain HTTP: nothing more is read
+        except Reject as reject:
+            self._bad_request(reject.status, reject.reason, reject.code)
+        return False
 
-    # --- parser callbacks --------------------------------------------------------------------
+    # --- parser events (`RequestSink`) ---------------------------------------------------------
 
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        if name == b"host":
-            self._hosts += 1
-        elif name == b"expect" and value.lower() == b"100-continue":
-            self._expect = True
-        self._headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        url, headers, hosts = self._url, self._headers, self._hosts
-        self._url = b""
-        self._headers = []
-        self._hosts = 0
-        self._fresh = True
-        if self._head_upper > MAX_HEAD and _head_size(url, headers) > MAX_HEAD:
-            raise _Reject(431, _TOO_LARGE, _TOO_LARGE_CODE)
-        self._head_upper = self._head_lower = 0
-        parser = self._parser
-        version = parser.get_http_version()
-        if hosts != 1 and (hosts > 1 or version != "1.0"):  # RFC 9112 §3.2
-            if hosts:
-                raise _Reject(400, "More than one Host header.", "duplicate_host_header")
-            raise _Reject(400, "An HTTP/1.1 request needs a Host header.", "missing_host_header")
-        method_b = parser.get_method()
-        method = _METHODS.get(method_b) or method_b.decode("ascii")
-        keep_alive = parser.should_keep_alive()
-        if parser.should_upgrade():
-            # The parser would take a body for upgraded bytes: refuse one; serve the rest,
-            # then close.
-            if method_b != b"CONNECT" and any(
-                n in (b"content-length", b"transfer-encoding") and v.strip() != b"0"
-                for n, v in headers
-            ):
-                raise _Reject(
-                    400, "An Upgrade request with a body is not supported.", "upgrade_with_body"
-                )
-            keep_alive = False
-        if url[:1] == b"/" and b"#" not in url:
-            raw_path, _, query = url.partition(b"?")
-        elif url == b"*":
-            raw_path, query = url, b""
-        else:  # absolute-form, authority-form or a fragment: let the parser split it
-            try:
-                parsed = httptools.parse_url(url)
-            except httptools.HttpParserInvalidURLError:
-                raise _Reject(400, "Invalid request target.", "invalid_request_target") from None
-            raw_path, query = parsed.path or b"/", parsed.query or b""
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = unquote(path)
-        state = self.state
-        scope: Scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.4"},
-            "http_version": version,
-            "server": self._server,
-            "client": self._client,
-            "scheme": "http",
-            "method": method,
-            "root_path": "",
-            "path": path,
-            "raw_path": raw_path,
-            "query_string": query,
-            "headers": headers,
-            "state": state.app_state.copy(),
-        }
-        queue = self._queue
-        if self._current is not None and queue is not None and len(queue) >= MAX_PIPELINE:
-            raise _Reject(0, "too many pipelined requests")  # (answered up to here, then closed)
-        exchange = Exchange(
-            self,
-            self._transport,
-            scope,
-            keep_alive,
-            version == "1.0",
-            self._expect and version != "1.0",
-        )
-        self._expect = False
+    def request_begins(self, scope: Scope, keep_alive: bool, expect_continue: bool) -> None:
+        http10 = scope["http_version"] == "1.0"
+        exchange = Exchange(self, self._transport, scope, keep_alive, http10, expect_continue)
         self._parsing = exchange
         if self._current is None:
             self._start(exchange)
@@ -313,24 +177,23 @@ class HttpConnection(asyncio.Protocol):
             self._queue.append(exchange)
             self.pause_reading()
 
-    def on_body(self, body: bytes) -> None:
+    def request_body(self, body: bytes) -> None:
         exchange = self._parsing
         if exchange is not None:
             exchange.feed(body)
 
-    def on_message_complete(self) -> None:
+    def request_complete(self) -> None:
         exchange = self._parsing
         if exchange is not None:
             self._parsing = None
-            if self._phase == _BODY:
-                self._phase = _BUSY
+            self._timer.body_done()
             exchange.end_of_body()
 
     # --- sequencing ----------------------------------------------------------------------------
 
     def _start(self, exchange: Exchange) -> None:
         self._current = exchange
-        self._phase = _BUSY
+        self._timer.busy()
         task = exchange.task = self.loop.create_task(exchange.run(self.state.app))
         self.state.tasks.add(task)
 
@@ -348,12 +211,7 @@ class HttpConnection(asyncio.Protocol):
             exchange.drop_body()
         queue = self._queue
         if queue:
-            nxt = queue.popleft()
-            if not queue:
-                self._resume_reading()
-            self._start(nxt)
-            if self._parsing is nxt:
-                self._body_begins()
+            self._start_next(queue)
             return
         if self._deferred_error is not None:
             self._transport.write(self._deferred_error)
@@ -362,13 +220,27 @@ class HttpConnection(asyncio.Protocol):
         self._resume_reading()
         self._become_idle()
 
+    def _start_next(self, queue: deque[Exchange]) -> None:
+        nxt = queue.popleft()
+        self._start(nxt)
+        stash = self._stash
+        if stash is not None and not self._stopped:  # room in the queue again: parse on
+            self._stash = None
+            self._feed(stash)
+            if self._closed:
+                return
+        if not queue:
+            self._resume_reading()
+        if self._parsing is nxt:
+            self._timer.body_begins()
+
     def pause_reading(self) -> None:
         if not self._read_paused and not self._closed:
             self._read_paused = True
             self._transport.pause_reading()
 
     def _resume_reading(self) -> None:
-        if self._read_paused and not self._closed and not self._stopped:
+        if self._read_paused and not self._closed and not self._stopped and self._stash is None:
             parsing = self._parsing
             if parsing is not None and parsing.buffered > BODY_HIGH_WATER:
                 return
@@ -410,77 +282,28 @@ class HttpConnection(asyncio.Protocol):
             self._parsing = None
             self._deferred_error = data
 
-    # --- timeouts: one timer per connection, re-armed lazily ---------------------------------
-
-    def _arm(self, due: float) -> None:
-        """Make sure the timer fires at `due` at the latest (one firing earlier re-arms)."""
-        timer = self._timer
-        if timer is not None:
-            if self._timer_at <= due:
-                return
-            timer.cancel()
-        self._timer_at = due
-        self._timer = self.loop.call_at(due, self._check)
+    # --- timeouts (`gateway.http.conn_timer`) ----------------------------------------------------
 
     def _become_idle(self) -> None:
         if self.state.shutting_down:
             self._close()
             return
-        now = self._since = self.loop.time()
-        if self._url:  # the next request's head has begun already
-            self._phase = _HEAD
-            self._arm(now + self.state.head_timeout)
-        else:
-            self._phase = _IDLE
-            self._arm(now + self.state.idle_timeout)
-
-    def _body_begins(self) -> None:
-        """A request's body is incomplete at the end of a read: time it."""
-        now = self._since = self._last = self.loop.time()
-        self._phase = _BODY
-        state = self.state
-        self._arm(now + min(state.body_timeout, state.body_total_timeout))
+        self._timer.idle(head_begun=self._reader.in_head)
 
     def touch_idle(self) -> None:
         """The client's request moved on (its bytes arrived, or a `100 Continue` went out)."""
-        now = self._last = self.loop.time()
-        if self._phase == _IDLE:
-            self._since = now
+        self._timer.touch()
 
-    def _check(self) -> None:
-        self._timer = None
-        phase = self._phase
-        if self._closed or phase == _BUSY:
-            return  # the next phase that needs one arms a new timer
-        state = self.state
-        now = self.loop.time()
-        if phase == _IDLE:
-            due = self._since + state.idle_timeout
-        elif phase == _HEAD:
-            due = self._since + state.head_timeout
+    def holding_body(self) -> bool:
+        parsing = self._parsing
+        return self._read_paused or (parsing is not None and parsing.expect_continue)
+
+    def timed_out(self, phase: int, message: str) -> None:
+        if phase == BODY:
+            self._bad_request(408, message, "request_body_timeout")
         else:
-            parsing = self._parsing
-            if self._read_paused or (parsing is not None and parsing.expect_continue):
-                # The server is not reading (or not asking for the body): not the client's stall.
-                self._last = now
-                self._since = max(self._since, now + state.body_timeout - state.body_total_timeout)
-            due = min(self._last + state.body_timeout, self._since + state.body_total_timeout)
-        if now < due - 0.001:
-            self._arm(due)
-            return
-        if phase == _IDLE:
-            log.debug("closing idle connection from %s", self._client)
+            log.debug("%s from %s: closing", message, self._client)
             self._close()
-        elif phase == _HEAD:
-            log.debug("request head from %s not complete in time: closing", self._client)
-            self._close()
-        else:
-            total = now - self._since >= state.body_total_timeout - 0.001
-            limit = state.body_total_timeout if total else state.body_timeout
-            what = "not complete within" if total else "stalled for"
-            self._bad_request(
-                408, f"Request body {what} {limit:g} s: closing.", "request_body_timeout"
-            )
 
     # --- closing -------------------------------------------------------------------------------
 
@@ -490,7 +313,8 @@ class HttpConnection(asyncio.Protocol):
         and a reset can destroy the answer before the client reads it."""
         if self._closed:
             return
-        linger = linger or self._parsing is not None or self._url != b""
+        linger = linger or self._parsing is not None or self._reader.in_head
+        linger = linger or self._stash is not None
         self._mark_closed()
         transport = self._transport
         if not (linger and transport.can_write_eof()):
@@ -500,17 +324,17 @@ class HttpConnection(asyncio.Protocol):
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(LINGER_S, transport.close)
+        self._timer.call_later(LINGER_S, transport.close)
 
     def _mark_closed(self) -> None:
         self._closed = True
         self._stopped = True
+        self._timer.cancel()
         for exchange in (self._current, self._parsing, *(self._queue or ())):
             if exchange is not None:
                 exchange.lost()
         self._queue = None
+        self._stash = None
         self._wake_writers()
 
     def shutdown(self) -> None:

@@ -383,16 +383,6 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time(port: int, rec: 
     assert second["concurrent"] == 1 and third["concurrent"] == 1  # never two app calls at once
 
 
-def test_pipelining_depth_is_bounded(port: int) -> None:
-    with connect(port) as s:  # 1 answered + 32 queued; the 34th closes the connection after them
-        s.sendall(request("GET", "/slow?0.05") + request("GET", "/echo") * 39)
-        reader = ResponseReader(s)
-        assert reader.wait_closed()
-    assert len(reader.responses) == 33 and all(r.status == 200 for r in reader.responses)
-    assert reader.responses[-1].header("connection") == "close"
-    assert all(r.header("connection") is None for r in reader.responses[:-1])
-
-
 def test_chunked_request_body(port: int) -> None:
     with connect(port) as s:
         s.sendall(

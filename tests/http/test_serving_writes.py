@@ -7,6 +7,7 @@ import socket
 from typing import Any
 
 from gateway.http.serving import BackgroundServers, Listener, _HeadWithBody, free_port
+from tests.http.lifespan import run_lifespan
 
 
 class _Recorder:
@@ -62,9 +63,7 @@ def test_head_and_body_of_one_turn_make_one_write_and_stream_chunks_pass_through
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await run_lifespan(receive, send)
         return
     await send(
         {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]}

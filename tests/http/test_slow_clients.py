@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from gateway.config.decode import ConfigError, decode
 from gateway.config.schema import GatewayConfig, ListenConfig
 from gateway.http.connection import LINGER_S
 from gateway.http.serving import BackgroundServers, Listener, free_port
@@ -310,14 +311,13 @@ def test_listen_timeouts_must_be_positive(key: str) -> None:
         ListenConfig(**{key: float("nan")})
 
 
-@pytest.mark.parametrize(
-    "key", ["head_timeout_s", "body_timeout_s", "body_total_timeout_s", "keepalive_timeout_s"]
-)
-def test_lean_server_timeouts_are_refused_with_uvicorn(key: str) -> None:
-    """A setting either works or is refused: uvicorn has none of these timeouts."""
-    with pytest.raises(ValueError, match=key):
-        ListenConfig(server="uvicorn", **{key: 7.0})
-    ListenConfig(server="uvicorn")  # the defaults are fine
+def test_uvicorn_is_refused_for_the_public_listener_at_config_load() -> None:
+    """uvicorn has no head size or time limit and no body timeout (issue 19)."""
+    with pytest.raises(ConfigError) as err:
+        decode(GatewayConfig, {"listen": {"server": "uvicorn"}})
+    (problem,) = err.value.problems
+    assert problem.startswith("listen.server: uvicorn is refused for the public listener")
+    assert decode(GatewayConfig, {"listen": {"server": "lean"}}).listen.server == "lean"
 
 
 def test_listen_timeouts_reach_the_public_listener_and_the_gateway_answers_408() -> None:
