@@ -1,0 +1,175 @@
+"""Every file under deploy/ parses, the Dockerfile passes a structural lint, and
+no secret value is committed. External checkers run when they are installed:
+hadolint (Dockerfile), kubectl kustomize (the base and the overlay), promtool
+(the alert rules)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.deployfiles import (
+    ALERT_RULES,
+    DEPLOY,
+    DOCKERFILE,
+    K8S_BASE,
+    K8S_VLLM,
+    ROOT,
+    config_flag,
+    dockerfile_instructions,
+    exec_form,
+    files,
+    final_stage,
+    image_cmd,
+    yaml_docs,
+)
+
+_SECRET_NAME = re.compile(r"(?i)(key|token|secret|passw|credential)")
+_KNOWN_SUFFIXES = {".yaml", ".yml", ".json", ".conf", ".md", ""}
+
+
+def test_deploy_holds_only_known_file_kinds() -> None:
+    unknown = [p for p in DEPLOY.rglob("*") if p.is_file() and p.suffix not in _KNOWN_SUFFIXES]
+    assert not unknown, f"add a parse check for {unknown}"
+
+
+@pytest.mark.parametrize("path", files(".yaml", ".yml"), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_yaml_parses(path: Path) -> None:
+    docs = yaml_docs(path)
+    assert docs, f"{path} holds no document"
+    assert all(isinstance(d, dict) for d in docs)
+
+
+@pytest.mark.parametrize("path", files(".json"), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_json_parses(path: Path) -> None:
+    assert isinstance(json.loads(path.read_text()), dict)
+
+
+def test_no_secret_objects_or_values_committed() -> None:
+    for path in files(".yaml", ".yml"):
+        for doc in yaml_docs(path):
+            assert doc.get("kind") != "Secret", f"{path}: create Secrets out of band"
+    for path in [*files(".yaml", ".yml", ".conf"), DOCKERFILE]:
+        for line in path.read_text().splitlines():
+            assert not re.search(
+                r"(?i)(?<![a-z])(api_key|token|password)\s*:\s*['\"]?[A-Za-z0-9]", line
+            ), f"{path}: {line.strip()!r} (use a ${{ENV}} reference)"
+
+
+def test_dockerfile_structure() -> None:
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    assert instructions[0].keyword == "FROM", "FROM comes first"
+    assert instructions[0].args.startswith("python:3.11-slim")
+    runtime = final_stage(instructions)
+    assert runtime[0].args.startswith("python:3.11-slim")
+    users = [i.args.split(":")[0] for i in runtime if i.keyword == "USER"]
+    assert users and users[-1] not in ("root", "0"), "the runtime stage runs as a non-root user"
+    checks = [i for i in runtime if i.keyword == "HEALTHCHECK"]
+    assert len(checks) == 1 and "CMD" in checks[0].args
+    for ins in instructions:
+        if ins.keyword in ("ENV", "ARG"):
+            for word in ins.args.split():
+                name, _, value = word.partition("=")
+                assert not (_SECRET_NAME.search(name) and value), f"{ins.keyword} {word}: a secret"
+
+
+def test_dockerfile_compile_arg_and_build_tools_stay_in_the_build_stage() -> None:
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    runtime = final_stage(instructions)
+    build = instructions[: len(instructions) - len(runtime)]
+    assert any(i.keyword == "ARG" and i.args.startswith("GATEWAY_COMPILE=0") for i in build)
+    assert any(i.keyword == "RUN" and "gcc" in i.args for i in build)
+    assert not any("gcc" in i.args or "apt-get" in i.args for i in runtime)
+
+
+def test_dockerfile_copies_only_what_exists_and_is_not_ignored() -> None:
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for needed in (".venv", ".build", ".git", "bench/results", ".pytest_cache", ".mypy_cache"):
+        assert needed in ignored, f".dockerignore leaves out {needed}"
+    for ins in dockerfile_instructions(DOCKERFILE.read_text()):
+        if ins.keyword != "COPY" or ins.args.startswith("--from"):
+            continue
+        *sources, _dest = ins.args.split()
+        for src in sources:
+            assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+            top = src.split("/")[0]
+            assert top not in ignored and src not in ignored, f"COPY {src}: in .dockerignore"
+
+
+def test_image_cmd_uses_real_serve_flags() -> None:
+    argv = image_cmd()
+    assert config_flag(argv) == "/etc/gateway/gateway.yaml"
+    helptext = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for flag in (a for a in argv if a.startswith("--")):
+        assert flag in helptext, f"gateway serve has no {flag}"
+
+
+def test_healthcheck_runs_python_not_curl() -> None:
+    (check,) = [
+        i for i in dockerfile_instructions(DOCKERFILE.read_text()) if i.keyword == "HEALTHCHECK"
+    ]
+    argv = exec_form(check.args.split(" CMD ", 1)[1])
+    assert argv[0] == "python" and "curl" not in check.args
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed")
+def test_hadolint() -> None:
+    result = subprocess.run(
+        ["hadolint", str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("path", [K8S_BASE, K8S_VLLM], ids=["base", "overlay-vllm"])
+def test_kustomize_builds(path: Path) -> None:
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    kinds = {(o["kind"], o["metadata"]["name"].rsplit("-", 1)[0]) for o in objects}
+    assert ("ConfigMap", "gateway-config") in kinds and ("ConfigMap", "gateway-policies") in kinds
+    deployment = next(
+        o for o in objects if o["metadata"]["name"] == "llm-gateway" and o["kind"] == "Deployment"
+    )
+    volumes = {
+        v["name"]: v["configMap"]["name"]
+        for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if "configMap" in v
+    }
+    generated = {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
+    assert set(volumes.values()) <= generated, "volumes name the generated (hashed) ConfigMaps"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_promtool_checks_rules() -> None:
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(ALERT_RULES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
