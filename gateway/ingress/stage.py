@@ -1,6 +1,22 @@
-"""Ingress: parse the body, pick the session key, read the deadline headers (`ctx.parsed`)."""
+"""Ingress: parse the body, pick the session key, read the deadline headers (`ctx.parsed`).
+
+A body from `OFFLOAD_BYTES` on is parsed in a worker thread, so that one
+huge body does not hold the event loop (and every other request, health
+probes included) for the length of `json.loads` and the checks after it
+(issue 19: ~1 s for a 32 MiB body of tiny messages). The decoder's Python
+`object_pairs_hook` runs once per JSON object, so the worker gives the GIL
+back to the loop at least every switch interval (5 ms) on bodies of many
+objects; a body of one huge string is decoded by one C call that holds the
+GIL (~40-120 ms for 30 MB on a busy 2-core machine). One large body is parsed
+at a time: with several worker threads in such calls at once, the GIL can pass
+from one to the next while the loop waits (measured: /healthz stalls of
+0.3-1.5 s with four 30 MB bodies in four threads).
+"""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
 
 from gateway.config.schema import GatewayConfig
 from gateway.deadlines.client import parse_headers
@@ -11,14 +27,31 @@ from gateway.pipeline.context import Parsed, RequestContext
 SESSION_HEADERS = ("x-session-id", "session_id", "x-session-affinity")
 SESSION_BODY_FIELDS = ("prompt_cache_key", "user")
 
+#: Parsing a 256 KiB body costs ~0.3 ms (one string) to ~10 ms (tiny
+#: messages); a thread round trip ~0.1 ms (bench/results/loop_stall.md).
+OFFLOAD_BYTES = 256 * 1024
+
 
 class Ingress:
     def __init__(self, cfg: GatewayConfig) -> None:
         self._cfg = cfg
+        self._parsing = asyncio.Semaphore(1)
 
-    def process(self, ctx: RequestContext, raw: bytes) -> None:
+    def process(self, ctx: RequestContext, raw: bytes) -> Awaitable[None] | None:
+        """Parse and set `ctx.parsed`; None when done, or (a large body) an
+        awaitable that parses in a worker thread."""
         endpoint: Endpoint = "chat" if ctx.endpoint == "chat" else "completions"
-        request = parse_request(endpoint, raw)
+        if len(raw) >= OFFLOAD_BYTES:
+            return self._process_off_loop(ctx, endpoint, raw)
+        self._finish(ctx, parse_request(endpoint, raw, self._cfg.limits))
+        return None
+
+    async def _process_off_loop(self, ctx: RequestContext, endpoint: Endpoint, raw: bytes) -> None:
+        async with self._parsing:
+            request = await asyncio.to_thread(parse_request, endpoint, raw, self._cfg.limits)
+        self._finish(ctx, request)
+
+    def _finish(self, ctx: RequestContext, request: ParsedRequest) -> None:
         ctx.parsed = Parsed(
             request, self._session_key(ctx, request), parse_headers(ctx.headers, ctx.received_at)
         )

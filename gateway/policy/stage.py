@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.config.decode import ConfigError
-from gateway.config.schema import GatewayConfig, TenantConfig
+from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
 from gateway.forward.upstream import UpstreamClient
 from gateway.ingress.protocol import ParsedRequest
@@ -36,6 +36,7 @@ from gateway.pipeline.context import Contract, RequestContext
 from gateway.policy.policyset import Policy, PolicySet, load_policy_set
 from gateway.policy.tokens import (
     LRU,
+    OFFLOAD_BYTES,
     EngineCounter,
     EstimateCounter,
     LocalTokenizerCounter,
@@ -80,7 +81,10 @@ class PolicyMetrics:
 
 
 def build_counters(
-    policies: PolicySet, engine: EngineCounter | None, parts: LRU | None = None
+    policies: PolicySet,
+    engine: EngineCounter | None,
+    limits: LimitsConfig,
+    parts: LRU | None = None,
 ) -> dict[str, TokenCounter]:
     counters: dict[str, TokenCounter] = {}
     estimate = EstimateCounter(parts)
@@ -90,7 +94,7 @@ def build_counters(
             counters[p.name] = engine
         elif p.tokens == "tokenizer" and p.tokenizer:
             try:
-                counters[p.name] = LocalTokenizerCounter(p.tokenizer)
+                counters[p.name] = LocalTokenizerCounter(p.tokenizer, limits.max_bytes_per_token)
             except (ImportError, OSError, ValueError) as exc:
                 problems.append(f"{policies.sources.get(p.name, p.name)}: tokenizer: {exc}")
         else:
@@ -103,7 +107,7 @@ def build_counters(
 def check_policies(cfg: GatewayConfig) -> PolicySet:
     """Validate the policies a config refers to (raises ConfigError)."""
     policies = load_policy_set(cfg.policies, cfg.auth)
-    build_counters(policies, None)
+    build_counters(policies, None, cfg.limits)
     return policies
 
 
@@ -118,7 +122,9 @@ class PolicyStage:
         self._cfg = cfg
         self._registry = registry
         self._parts = LRU(max(65536, cfg.tokens.cache_entries))  # ~150 B per part
-        self._engine = EngineCounter(client, cfg.tokens, self._parts)
+        self._engine = EngineCounter(
+            client, cfg.tokens, self._parts, cfg.limits.max_bytes_per_token
+        )
         self.metrics = PolicyMetrics(metrics_registry)
         self._active = self._load()
 
@@ -128,7 +134,9 @@ class PolicyStage:
 
     def _load(self) -> ActivePolicies:
         policies = load_policy_set(self._cfg.policies, self._cfg.auth)
-        return ActivePolicies(policies, build_counters(policies, self._engine, self._parts))
+        return ActivePolicies(
+            policies, build_counters(policies, self._engine, self._cfg.limits, self._parts)
+        )
 
     def reload(self) -> PolicySet:
         """Load the policy directory again; on any error keep the current set and raise "
@@ -163,7 +171,10 @@ class PolicyStage:
         if policy.isolation == "tenant":
             _isolate(req, ctx.tenant, self._cfg.auth.isolation_secret)
         replicas = serving_replicas(self._registry, req.model)
-        counted = active.counters[policy.name].count_now(req, replicas)
+        counter = active.counters[policy.name]
+        if req.size >= OFFLOAD_BYTES:
+            _check_floor(contract, req, counter.floor(req), _max_model_len(replicas))
+        counted = counter.count_now(req, replicas)
         if not isinstance(counted, TokenCount):
             return self._limit_when_counted(contract, req, replicas, counted)
         self._limit(contract, req, replicas, counted)
@@ -256,6 +267,29 @@ def _check_input(contract: Contract, req: ParsedRequest) -> None:
             f"The input of this request is {tokens} tokens, over the {limit}-token input limit of "
             f"task '{policy.name}'. Please reduce the length of the {_input_param(req)}.",
             param=_input_param(req),
+        )
+
+
+def _check_floor(
+    contract: Contract, req: ParsedRequest, floor: int, max_model_len: int | None
+) -> None:
+    """Refuse, before it is counted, a prompt that is over the input limit or
+    the context even at its counter's lower bound (`TokenCounter.floor`): the
+    answer the count would give, without the count (issue 19: estimating a
+    30 MB prompt held the event loop for seconds)."""
+    policy, param = contract.policy, _input_param(req)
+    limit = policy.limits.max_input_tokens
+    if limit is not None and floor > limit:
+        raise ContextLengthExceeded(
+            f"The input of this request is at least {floor} tokens, over the {limit}-token input "
+            f"limit of task '{policy.name}'. Please reduce the length of the {param}.",
+            param=param,
+        )
+    if max_model_len is not None and floor >= max_model_len:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"{param} resulted in at least {floor} input tokens.",
+            param=param,
         )
 
 

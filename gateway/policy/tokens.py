@@ -19,10 +19,11 @@ the estimate is used instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,12 +33,24 @@ from gateway.config.schema import TokensConfig
 from gateway.errors import GatewayError
 from gateway.forward.upstream import UpstreamClient
 from gateway.ingress.protocol import ParsedRequest, prompt_parts
-from gateway.policy.estimate import BASE_OVERHEAD, MESSAGE_OVERHEAD, TOOLS_OVERHEAD, estimate_text
+from gateway.policy.estimate import (
+    BASE_OVERHEAD,
+    MESSAGE_OVERHEAD,
+    TOOLS_OVERHEAD,
+    estimate_text,
+    estimate_text_in_slices,
+)
 from gateway.replicas.registry import Replica
 
 log = logging.getLogger("gateway.policy.tokens")
 
 _HASHED_PART_MIN_CHARS = 48  # shorter parts (role markers, short turns) are their own cache key
+#: Requests whose body has this many bytes or more are counted in a worker
+#: thread (estimating 64 K characters takes ~5-10 ms, a thread round trip ~0.1 ms),
+#: and first checked against `TokenCounter.floor` (bench/results/loop_stall.md).
+OFFLOAD_BYTES = 64 * 1024
+#: `estimate_text` charges at most this many characters per token (module docstring).
+ESTIMATE_CHARS_PER_TOKEN = 4
 
 
 def estimate_request(req: ParsedRequest, cache: LRU | None = None) -> int:
@@ -76,6 +89,57 @@ def _cached_estimate(parts: list[str], cache: LRU) -> int:
     return total
 
 
+def estimate_off_loop(
+    req: ParsedRequest, cached: Mapping[str | int, int] | None
+) -> tuple[int, list[tuple[str | int, int]]]:
+    """`estimate_request` for a worker thread: long parts are estimated in
+    slices (the GIL goes back to the loop between them), and the cache is only
+    read (a single C call, safe beside the loop's writes); the estimates it
+    missed are returned for the loop to store."""
+    total = 0
+    missed: list[tuple[str | int, int]] = []
+    for part in prompt_parts(req):
+        key = _part_key(part)
+        cost = cached.get(key) if cached is not None else None
+        if cost is None:
+            cost = estimate_text_in_slices(part)
+            missed.append((key, cost))
+        total += cost
+    return max(1, total + template_overhead(req)), missed
+
+
+def _part_key(part: str) -> str | int:
+    if len(part) < _HASHED_PART_MIN_CHARS:
+        return part
+    return xxhash.xxh3_128_intdigest(part.encode("utf-8", "surrogatepass"))
+
+
+def text_chars(req: ParsedRequest, *, assistant: bool = True) -> int:
+    """Characters of the prompt's text (message contents and text parts, a
+    completions prompt; one per token id): O(messages), no rendering. Not
+    counted: tools, tool calls and non-text parts, and with `assistant=False`
+    assistant messages (reasoning templates drop earlier turns' thinking)."""
+    body = req.body
+    if req.endpoint == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return len(prompt)
+        return sum(len(p) if isinstance(p, str) else 1 for p in prompt or ())
+    total = 0
+    for msg in body.get("messages") or ():
+        if not assistant and msg.get("role") == "assistant":
+            continue
+        content = msg.get("content")
+        if isinstance(content, str):
+            total += len(content)
+            continue
+        for part in content or ():
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str):
+                total += len(text)
+    return total
+
+
 def template_overhead(req: ParsedRequest) -> int:
     """Tokens the chat template adds around the text (conservative)."""
     if req.endpoint != "chat":
@@ -93,6 +157,12 @@ class TokenCount:
 class TokenCounter(Protocol):
     async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount: ...
 
+    def floor(self, req: ParsedRequest) -> int:
+        """A lower bound of `count`, from the lengths of the prompt's texts
+        alone (O(messages)): a prompt over the limits even at this bound is
+        refused before it is rendered, hashed or counted."""
+        ...
+
     def count_now(
         self, req: ParsedRequest, replicas: Sequence[Replica]
     ) -> TokenCount | Awaitable[TokenCount]:
@@ -107,10 +177,28 @@ class EstimateCounter:
         self._cache = cache
 
     async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
-        return self.count_now(req, replicas)
+        counted = self.count_now(req, replicas)
+        return counted if isinstance(counted, TokenCount) else await counted
 
-    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+    def count_now(
+        self, req: ParsedRequest, replicas: Sequence[Replica]
+    ) -> TokenCount | Awaitable[TokenCount]:
+        if req.size >= OFFLOAD_BYTES:
+            return self._count_off_loop(req)
         return TokenCount(estimate_request(req, self._cache), "estimate")
+
+    def floor(self, req: ParsedRequest) -> int:
+        """Exact for this counter: every piece costs at least a token per 4 characters."""
+        return -(-text_chars(req) // ESTIMATE_CHARS_PER_TOKEN) + template_overhead(req)
+
+    async def _count_off_loop(self, req: ParsedRequest) -> TokenCount:
+        cache = self._cache
+        cached = cache._data if cache is not None else None
+        tokens, missed = await asyncio.to_thread(estimate_off_loop, req, cached)
+        if cache is not None:
+            for key, cost in missed:
+                cache.put(key, cost)
+        return TokenCount(tokens, "estimate")
 
 
 def prompt_key(req: ParsedRequest) -> str:
@@ -144,22 +232,40 @@ class LRU:
 
 
 class EngineCounter:
-    """Counts with a healthy replica's own tokenizer and chat template."""
+    """Counts with a healthy replica's own tokenizer and chat template. A large
+    request's cache key, payload and answer are built and parsed in a worker
+    thread, and its fallback estimate too."""
 
-    def __init__(self, client: UpstreamClient, cfg: TokensConfig, parts: LRU | None = None) -> None:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        cfg: TokensConfig,
+        parts: LRU | None = None,
+        bytes_per_token: int = 512,
+    ) -> None:
         self._client = client
         self._timeout = cfg.engine_timeout_s
         self.cache = LRU(cfg.cache_entries)
         self._parts = parts
+        self._estimate = EstimateCounter(parts)
+        self._bytes_per_token = bytes_per_token
+
+    def floor(self, req: ParsedRequest) -> int:
+        """No token covers more than `limits.max_bytes_per_token` bytes, so no
+        more characters; the chat template is assumed to render the text of
+        every message but the assistant's in full (nothing of it is counted)."""
+        return -(-text_chars(req, assistant=False) // self._bytes_per_token)
 
     def count_now(
         self, req: ParsedRequest, replicas: Sequence[Replica]
     ) -> TokenCount | Awaitable[TokenCount]:
+        if req.size >= OFFLOAD_BYTES:
+            return self._count_large(req, replicas)
         key = prompt_key(req)
         cached = self.cache.get(key)
         if cached is not None:
             return TokenCount(cached, "cache")
-        replica = next((r for r in replicas if r.kind in ("vllm", "llamacpp")), None)
+        replica = _tokenizing(replicas)
         if replica is None:
             return TokenCount(estimate_request(req, self._parts), "fallback")
         return self._count_remote(req, key, replica)
@@ -168,30 +274,47 @@ class EngineCounter:
         counted = self.count_now(req, replicas)
         return counted if isinstance(counted, TokenCount) else await counted
 
+    async def _count_large(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+        key = await asyncio.to_thread(prompt_key, req)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return TokenCount(cached, "cache")
+        replica = _tokenizing(replicas)
+        if replica is None:
+            return await self._estimate_fallback(req)
+        return await self._count_remote(req, key, replica)
+
+    async def _estimate_fallback(self, req: ParsedRequest) -> TokenCount:
+        counted = await self._estimate.count(req, ())
+        return TokenCount(counted.tokens, "fallback")
+
     async def _count_remote(self, req: ParsedRequest, key: str, replica: Replica) -> TokenCount:
         try:
             tokens = await self._ask(replica, req)
         except (GatewayError, ValueError, KeyError, TypeError) as exc:
             log.warning("tokenize on %s failed, using the estimate: %s", replica.name, exc)
-            return TokenCount(estimate_request(req, self._parts), "fallback")
+            return await self._estimate_fallback(req)
         self.cache.put(key, tokens)
         return TokenCount(tokens, "engine")
 
     async def _ask(self, replica: Replica, req: ParsedRequest) -> int:
+        large = req.size >= OFFLOAD_BYTES
         if replica.kind == "vllm":
-            return await self._vllm(replica, req)
-        return await self._llamacpp(replica, req)
+            return await self._vllm(replica, req, large)
+        return await self._llamacpp(replica, req, large)
 
-    async def _post(self, replica: Replica, path: str, payload: dict[str, Any]) -> Any:
-        data = json.dumps(payload, ensure_ascii=False).encode()
+    async def _post(self, replica: Replica, path: str, payload: dict[str, Any], large: bool) -> Any:
+        data = await asyncio.to_thread(_dumps, payload) if large else _dumps(payload)
         resp = await self._client.post_json_small(
             replica.url + path, data, self._timeout, replica.auth_headers()
         )
         if resp.status != 200:
             raise ValueError(f"{path} answered HTTP {resp.status}")
+        if len(resp.body) >= OFFLOAD_BYTES:  # a token list: up to 8 MiB (the client's cap)
+            return await asyncio.to_thread(json.loads, resp.body)
         return json.loads(resp.body)
 
-    async def _vllm(self, replica: Replica, req: ParsedRequest) -> int:
+    async def _vllm(self, replica: Replica, req: ParsedRequest, large: bool) -> int:
         body = req.body
         payload: dict[str, Any] = {"model": body.get("model")}
         if req.endpoint == "chat":
@@ -200,21 +323,31 @@ class EngineCounter:
                 payload["tools"] = body["tools"]
         else:
             payload["prompt"] = _prompt_text(body.get("prompt"))
-        result = await self._post(replica, "/tokenize", payload)
+        result = await self._post(replica, "/tokenize", payload, large)
         return _positive_int(result["count"])
 
-    async def _llamacpp(self, replica: Replica, req: ParsedRequest) -> int:
+    async def _llamacpp(self, replica: Replica, req: ParsedRequest, large: bool) -> int:
         body = req.body
         if req.endpoint == "chat":
-            rendered = await self._post(replica, "/apply-template", {"messages": body["messages"]})
+            rendered = await self._post(
+                replica, "/apply-template", {"messages": body["messages"]}, large
+            )
             text = rendered["prompt"]
         else:
             text = _prompt_text(body.get("prompt"))
-        result = await self._post(replica, "/tokenize", {"content": text})
+        result = await self._post(replica, "/tokenize", {"content": text}, large)
         tokens = result["tokens"]
         if not isinstance(tokens, list):
             raise TypeError("/tokenize returned no token list")
         return _positive_int(len(tokens))
+
+
+def _tokenizing(replicas: Sequence[Replica]) -> Replica | None:
+    return next((r for r in replicas if r.kind in ("vllm", "llamacpp")), None)
+
+
+def _dumps(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, ensure_ascii=False).encode()
 
 
 def _prompt_text(prompt: Any) -> str:
@@ -234,7 +367,8 @@ def _positive_int(value: Any) -> int:
 class LocalTokenizerCounter:
     """`tokens: tokenizer`: a local Hugging Face `tokenizer.json` (optional extra)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, bytes_per_token: int = 512) -> None:
+        self._bytes_per_token = bytes_per_token
         try:
             from tokenizers import Tokenizer  # type: ignore[import-not-found, unused-ignore]
         except ImportError as exc:
@@ -245,9 +379,20 @@ class LocalTokenizerCounter:
         self._tok = Tokenizer.from_file(path)
 
     async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
-        return self.count_now(req, replicas)
+        counted = self.count_now(req, replicas)
+        return counted if isinstance(counted, TokenCount) else await counted
 
-    def count_now(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+    def floor(self, req: ParsedRequest) -> int:
+        return -(-text_chars(req) // self._bytes_per_token) + template_overhead(req)
+
+    def count_now(
+        self, req: ParsedRequest, replicas: Sequence[Replica]
+    ) -> TokenCount | Awaitable[TokenCount]:
+        if req.size >= OFFLOAD_BYTES:
+            return asyncio.to_thread(self._count, req)
+        return self._count(req)
+
+    def _count(self, req: ParsedRequest) -> TokenCount:
         # No chat template here: the text is counted exactly, the template overhead estimated.
         n = sum(len(self._tok.encode(part).ids) for part in prompt_parts(req))
         return TokenCount(n + template_overhead(req), "tokenizer")

@@ -154,7 +154,7 @@ def test_check_config_validates_and_prints_policies_with_secrets_masked(tmp_path
     write(pol, **{"b.yaml": "name: b\nlimits: {max_input_tokens: 0}\n"})
     bad = _check(cfg, env)
     assert bad.returncode == 1
-    assert "b.yaml.limits: limits.max_input_tokens must be >= 1, got 0" in bad.stderr
+    assert "b.yaml.limits.max_input_tokens: must be >= 1, got 0" in bad.stderr
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX-only")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,13 @@ from gateway.config.schema import ReplicaConfig, TokensConfig, UpstreamConfig
 from gateway.forward.upstream import UpstreamClient
 from gateway.ingress.protocol import parse_request
 from gateway.policy.estimate import estimate_text
-from gateway.policy.tokens import LRU, EngineCounter, TokenCount, estimate_request
+from gateway.policy.tokens import (
+    LRU,
+    OFFLOAD_BYTES,
+    EngineCounter,
+    TokenCount,
+    estimate_request,
+)
 from gateway.replicas.registry import Replica
 from gateway.sim.cluster import SimCluster
 from gateway.sim.tokens import count_tokens, render_chat, tokenize
@@ -98,16 +105,22 @@ def _replica(url: str, kind: str) -> Replica:
     return r
 
 
+@contextlib.asynccontextmanager
+async def _llamacpp_counter(url: str) -> AsyncIterator[tuple[EngineCounter, Replica]]:
+    client = UpstreamClient(UpstreamConfig())
+    await client.start()
+    try:
+        yield EngineCounter(client, TokensConfig(engine_timeout_s=5)), _replica(url, "llamacpp")
+    finally:
+        await client.close()
+
+
 def test_engine_counter_llamacpp_apply_template_then_tokenize_and_cache(sims: SimCluster) -> None:
     messages = [{"role": "user", "content": "hola, ¿qué tal?"}]
     req = parse_request("chat", json.dumps({"model": "sim-model", "messages": messages}).encode())
 
     async def run() -> list[tuple[int, str]]:
-        client = UpstreamClient(UpstreamConfig())
-        await client.start()
-        try:
-            counter = EngineCounter(client, TokensConfig(engine_timeout_s=5))
-            replica = _replica(sims.urls[0], "llamacpp")
+        async with _llamacpp_counter(sims.urls[0]) as (counter, replica):
             pending = counter.count_now(req, [replica])
             assert not isinstance(pending, TokenCount)  # needs the engine: an awaitable
             first = await pending
@@ -125,10 +138,28 @@ def test_engine_counter_llamacpp_apply_template_then_tokenize_and_cache(sims: Si
                 (second.tokens, second.source),
                 (fallback.tokens, fallback.source),
             ]
-        finally:
-            await client.close()
 
     (n1, s1), (n2, s2), (n3, s3) = asyncio.run(run())
     assert (s1, s2, s3) == ("engine", "cache", "fallback")
     assert n1 == n2 == len(tokenize(render_chat(messages)))
     assert n3 >= 1
+
+
+def test_engine_counter_counts_a_large_prompt_off_the_loop(sims: SimCluster) -> None:
+    """A body from `OFFLOAD_BYTES` on: key, payload and answer handled in a worker thread."""
+    messages = [{"role": "user", "content": ENGLISH * (OFFLOAD_BYTES // len(ENGLISH) + 1)}]
+    req = parse_request("chat", json.dumps({"model": "sim-model", "messages": messages}).encode())
+    assert req.size >= OFFLOAD_BYTES
+
+    async def run() -> tuple[TokenCount, TokenCount]:
+        async with _llamacpp_counter(sims.urls[0]) as (counter, replica):
+            pending = counter.count_now(req, [replica])
+            assert not isinstance(pending, TokenCount)
+            first = await pending
+            again = counter.count_now(req, [replica])
+            assert not isinstance(again, TokenCount)  # the cache key is hashed off the loop too
+            return first, await again
+
+    first, again = asyncio.run(run())
+    assert first == TokenCount(len(tokenize(render_chat(messages))), "engine")
+    assert again == TokenCount(first.tokens, "cache")
