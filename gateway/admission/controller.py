@@ -74,9 +74,10 @@ class AdmissionController:
         self._clock = clock
         self.metrics = metrics
         self.estimator = DemandEstimator(cfg)
-        self.trackers = {r.name: ReplicaLive(cfg, r.config.capacity_tokens) for r in registry}
+        self.trackers: dict[str, ReplicaLive] = {}
         for r in registry:
-            r.live = self.trackers[r.name].state
+            self.replica_added(r)
+        registry.subscribe(self)
         self.queue: AdmissionQueue[Waiter] = AdmissionQueue(
             PRIORITY_CLASSES, cfg.queue_max_requests, cfg.queue_max_tokens, clock
         )
@@ -100,6 +101,17 @@ class AdmissionController:
         return not isinstance(
             self._limits(replica, self.estimator.demand(ctx, replica.name), self._class(ctx)), str
         )
+
+    def replica_added(self, replica: Replica) -> None:
+        """Track a replica (at start, or one that joined the set at run time)."""
+        tracker = self.trackers[replica.name] = ReplicaLive(
+            self._cfg, replica.config.capacity_tokens
+        )
+        replica.live = tracker.state
+
+    def replica_removed(self, replica: Replica) -> None:
+        self.trackers.pop(replica.name, None)
+        self.kick()
 
     def on_update(self, replica: Replica) -> None:
         """A fresh reading (or a failed poll) for `replica`: re-evaluate the queue."""
@@ -346,6 +358,8 @@ class AdmissionController:
         s = replica.live
         if not replica.healthy or s is None or not s.healthy:
             return "unhealthy"
+        if replica.draining or replica.leaving:
+            return "draining"
         if s.capacity_tokens is None:
             bounds = [
                 b
@@ -381,10 +395,11 @@ class AdmissionController:
     def _delta(self, lease: Lease, kv: int, prefill: int, in_flight: int) -> None:
         replica = lease.replica
         replica.in_flight += in_flight
-        t = self.trackers[replica.name]
-        replica.live = t.ledger_changed(
-            t.leased + kv, t.backlog + prefill, t.in_flight + in_flight, self._clock()
-        )
+        t = self.trackers.get(replica.name)
+        if t is not None:  # (None: the replica left the set)
+            replica.live = t.ledger_changed(
+                t.leased + kv, t.backlog + prefill, t.in_flight + in_flight, self._clock()
+            )
         if kv < 0 or prefill < 0 or in_flight < 0:
             self.kick()
 

@@ -79,11 +79,12 @@ class AdmissionMetrics:
         self._registry = registry
 
     def watch(self, replicas: Iterable[Replica], queue: QueueView) -> None:
-        self._registry.register(_LiveCollector(list(replicas), queue))
+        """`replicas` is read at every scrape (the set may change at run time)."""
+        self._registry.register(_LiveCollector(replicas, queue))
 
 
 class _LiveCollector(Collector):
-    def __init__(self, replicas: list[Replica], queue: QueueView) -> None:
+    def __init__(self, replicas: Iterable[Replica], queue: QueueView) -> None:
         self._replicas = replicas
         self._queue = queue
 

@@ -104,6 +104,12 @@ class LockFreeCounter(_Labelled):
     def inc(self, amount: float = 1.0) -> None:
         (self._only or self.labels()).inc(amount)
 
+    def remove_where(self, label: str, value: str) -> None:
+        """Drop every series whose `label` is `value` (e.g. a replica that left)."""
+        i = self._labelnames.index(label)
+        for key in [k for k in self._cells if k[i] == value]:
+            del self._cells[key]
+
     def _family(self) -> Metric:
         return CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
 

@@ -7,6 +7,7 @@ in one process.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
@@ -40,6 +41,11 @@ class Children(Generic[M_co]):
         if child is None:
             child = self._cache[values] = self._metric.labels(*values)
         return child
+
+    def forget_where(self, index: int, value: str) -> None:
+        """Drop the cached children whose label at `index` is `value`."""
+        for key in [k for k in self._cache if k[index] == value]:
+            del self._cache[key]
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -96,6 +102,15 @@ class GatewayMetrics:
             ["stage"],
             registry=r,
         )
+        self.tokens = LockFreeCounter(
+            "gateway_tokens",
+            "Tokens of finished requests by task, as the engines reported them in `usage`: "
+            "direction prompt (of which cached: prompt tokens served from the prefix cache) "
+            "or completion.",
+            ["task", "direction"],
+            registry=r,
+        )
+        self.tokens_by = Children(self.tokens)
         self.requests_by = Children(self.requests)
         self.duration_by = Children(self.duration)
         self.ttfb_by = Children(self.ttfb)
@@ -123,6 +138,19 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
+        self.replica_draining = Gauge(
+            "gateway_replica_draining",
+            "1 while the replica gets no new requests: drained through the admin API, "
+            "or leaving (its address vanished from DNS discovery).",
+            ["replica"],
+            registry=r,
+        )
+        self.discovery_failures = Counter(
+            "gateway_discovery_failures",
+            "DNS resolutions of a `discovery` entry that failed (the replica set was kept).",
+            ["discovery"],
+            registry=r,
+        )
         self.state_store_up = Gauge(
             "gateway_state_store_up",
             "1 while the shared state store (state.backend: redis) answers; always 1 with "
@@ -136,3 +164,14 @@ class GatewayMetrics:
             "state, closed started answering 503 state_unavailable.",
             registry=r,
         )
+
+    def forget_replica(self, name: str) -> None:
+        """Drop the series of a replica that left the set (bounded label sets
+        when DNS discovery replaces replicas)."""
+        for gauge in (self.replica_healthy, self.replica_in_flight, self.replica_draining):
+            with contextlib.suppress(KeyError):
+                gauge.remove(name)
+        with contextlib.suppress(KeyError):
+            self.replica_ejections.remove(name)
+        self.upstream_attempts.remove_where("replica", name)
+        self.attempts_by.forget_where(0, name)

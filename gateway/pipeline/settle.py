@@ -3,7 +3,9 @@
 Leases and budget reservations are given back by their own `async with`
 blocks as the pipeline unwinds; what is left here is the record: the
 request's metrics (count and duration by task and outcome, time to first
-byte) and, when `access_log` is on, one access-log line (never the body).
+byte) and, when `access_log` is on, one access-log line (never the body,
+headers or session key; with `log_format: json` its fields are the JSON
+object's, see `access_fields`).
 """
 
 from __future__ import annotations
@@ -32,28 +34,60 @@ class Settle:
         first_byte_at = ctx.first_byte_at
         if first_byte_at is not None:
             m.ttfb_by(ctx.task).observe(first_byte_at - ctx.received_at)
+        usage = ctx.usage
+        if usage:
+            _count_tokens(m, ctx.task, usage)
         if self._access_log and log.isEnabledFor(logging.INFO):
             _access_line(ctx, elapsed)
 
 
+def _count_tokens(m: GatewayMetrics, task: str, usage: dict[str, Any]) -> None:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    for direction, value in (
+        ("prompt", usage.get("prompt_tokens")),
+        ("completion", usage.get("completion_tokens")),
+        ("cached", cached),
+    ):
+        n = _count(value)
+        if n:
+            m.tokens_by(task, direction).inc(n)
+
+
 def _access_line(ctx: RequestContext, elapsed: float) -> None:
-    log.info(
-        "request id=%s task=%s tenant=%s replica=%s outcome=%s status=%s attempts=%d stage=%s "
-        "ms=%.1f usage=%s",
-        ctx.request_id,
-        ctx.task,
-        ctx.tenant,
-        ctx.replica.name if ctx.replica else None,
-        ctx.outcome,
-        ctx.upstream_status,
-        ctx.attempts,
-        ctx.stage,
-        elapsed * 1000,
-        _usage_brief(ctx.usage),
-    )
+    fields = access_fields(ctx, elapsed)
+    text = " ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items())
+    log.info("request %s", text, extra=fields)
 
 
-def _usage_brief(usage: dict[str, Any] | None) -> str:
-    if not usage:
-        return "-"
-    return f"{usage.get('prompt_tokens')}/{usage.get('completion_tokens')}"
+def access_fields(ctx: RequestContext, elapsed: float) -> dict[str, Any]:
+    """The access line's fields (`log_format: json` emits them as they are).
+    `outcome` is ok, error or cancelled; `reason` the error's reason (the
+    `outcome` label of the request metrics)."""
+    usage = ctx.usage or {}
+    first_byte_at = ctx.first_byte_at
+    failed = ctx.outcome not in ("ok", "cancelled")
+    return {
+        "id": ctx.request_id,
+        "tenant": ctx.tenant,
+        "task": ctx.task,
+        "replica": ctx.replica.name if ctx.replica else None,
+        "outcome": "error" if failed else ctx.outcome,
+        "reason": ctx.outcome if failed else None,
+        "status": ctx.upstream_status,
+        "attempts": ctx.attempts,
+        "stage": ctx.stage,
+        "queue_ms": _ms(ctx.queue_seconds) if ctx.admission.admitted_at is not None else None,
+        "ttfb_ms": None if first_byte_at is None else _ms(first_byte_at - ctx.received_at),
+        "total_ms": _ms(elapsed),
+        "prompt_tokens": _count(usage.get("prompt_tokens")),
+        "completion_tokens": _count(usage.get("completion_tokens")),
+    }
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

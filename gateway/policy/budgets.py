@@ -194,14 +194,33 @@ class Budgets:
         return rules
 
     def _session_key(self, ctx: RequestContext, with_tenant: bool) -> str | None:
-        """The session's key stem; it shares the tenant's hash tag when the
-        tenant's claims go into the same reserve."""
         if not ctx.session_key:
             return None
-        digest = xxhash.xxh3_128_hexdigest(f"{ctx.tenant or ''}\x00{ctx.session_key}".encode())
-        if with_tenant and ctx.tenant is not None:
-            return f"t:{{{_tag(ctx.tenant)}}}:s:{digest}"
-        return f"s:{{{digest}}}"
+        return _session_stem(ctx.tenant, ctx.session_key, with_tenant)
+
+    # --- the admin API's session table (never on the request path) -------------
+
+    async def count_sessions(self) -> int:
+        """Sessions whose budget counters the store holds (until `idle_ttl_s`)."""
+        return await self._store.count_keys("*s:*:last")
+
+    async def session_counters(self, tenant: str | None, session_key: str) -> dict[str, int] | None:
+        """One session's counters: requests and tokens (settled, plus reserved
+        by its requests in flight), first and last seen (epoch ms); None when
+        the store holds none."""
+        t = self._cfg.auth.tenants.get(tenant) if tenant is not None else None
+        limited = t is not None and (
+            t.max_concurrent is not None
+            or t.requests_per_min is not None
+            or t.tokens_per_min is not None
+        )
+        stem = _session_stem(tenant, session_key, limited)
+        values = await self._store.get([stem + f for f in (":req", ":tok", ":first", ":last")])
+        if not any(values):
+            return None
+        return dict(
+            zip(("requests", "tokens", "first_seen_ms", "last_seen_ms"), values, strict=True)
+        )
 
     def _session_rules(self, skey: str, spec: SessionSpec, worst: int) -> list[Rule]:
         ttl = spec.idle_ttl_s
@@ -265,6 +284,15 @@ def _tokens_used(ctx: RequestContext, worst: int) -> int:
     if total is not None:
         return min(max(0, total), worst)
     return worst if ctx.upstream_status == 200 else 0
+
+
+def _session_stem(tenant: str | None, session_key: str, with_tenant: bool) -> str:
+    """The session's key stem; it shares the tenant's hash tag when the
+    tenant's claims go into the same reserve."""
+    digest = xxhash.xxh3_128_hexdigest(f"{tenant or ''}\x00{session_key}".encode())
+    if with_tenant and tenant is not None:
+        return f"t:{{{_tag(tenant)}}}:s:{digest}"
+    return f"s:{{{digest}}}"
 
 
 def _tag(name: str) -> str:

@@ -6,7 +6,8 @@ One task per replica, one request at a time, every `admission.poll_interval_s`
 `/metrics` unless it answered 404/501 (server started without `--metrics`).
 Replicas whose kind is still unknown are skipped until health checks detect it.
 After every reading or failure `on_update` is called (the admission
-controller wakes its queue on fresh readings).
+controller wakes its queue on fresh readings). Replicas that join or leave
+at run time get or lose their task (`Membership`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gateway.engines.readings import (
 )
 from gateway.errors import GatewayError
 from gateway.replicas.registry import ProbeClient, Replica, ReplicaRegistry
+from gateway.replicas.tasks import ReplicaTasks
 
 log = logging.getLogger("gateway.replicas.poller")
 
@@ -55,33 +57,38 @@ class LiveStatePoller:
         self._on_update = on_update
         self._rng = rng or random.Random()
         self._clock = clock
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = ReplicaTasks("poll", self._loop)
         self._props: dict[str, Any] = {}
         self._no_metrics: set[str] = set()
+        registry.subscribe(self)
 
     async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._loop(r), name=f"poll:{r.name}") for r in self._registry
-        ]
+        self._tasks.start(self._registry)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await self._tasks.stop()
+
+    def replica_added(self, replica: Replica) -> None:
+        self._tasks.add(replica)
+
+    def replica_removed(self, replica: Replica) -> None:
+        self._tasks.remove(replica.name)
+        self._props.pop(replica.name, None)
+        self._no_metrics.discard(replica.name)
 
     async def poll_all(self) -> None:
         await asyncio.gather(*(self.poll(r) for r in self._registry))
 
-    async def _loop(self, replica: Replica) -> None:
+    async def _loop(self, replica: Replica, first_now: bool) -> None:
+        # A replica that joined is polled once its health check has found its kind.
         while True:
             await asyncio.sleep(self._cfg.poll_interval_s * (0.8 + 0.4 * self._rng.random()))
             await self.poll(replica)
 
     async def poll(self, replica: Replica) -> None:
-        tracker = self._trackers[replica.name]
-        if replica.kind not in ("vllm", "llamacpp"):
-            return
+        tracker = self._trackers.get(replica.name)
+        if tracker is None or replica.kind not in ("vllm", "llamacpp"):
+            return  # left the set, or its kind is not known yet
         try:
             reading = await self._read(replica)
         except PollError as exc:

@@ -7,6 +7,14 @@ Each replica is probed every `health.interval_s` (jittered) with its engine's
 `healthy_after` successes. The first probe also detects the engine kind when
 the config says `auto` (llama.cpp serves `/props`; vLLM serves `vllm:`
 metrics) and reads the served models with their `max_model_len`.
+
+The replica set may change at run time (`gateway.replicas.discovery`): the
+registry tells its subscribers (`Membership`: health checks, live-state
+polls, admission, routing, metrics) when a replica joins or leaves. A new
+replica starts unhealthy, so it joins routing only after a health check
+passes. A replica that is draining (`POST /admin/replicas/{name}/drain`) or
+leaving (its address vanished from DNS) gets no new requests; those in
+flight finish.
 """
 
 from __future__ import annotations
@@ -16,13 +24,14 @@ import json
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from gateway.admission.livestate import LiveState
 from gateway.config.schema import HealthConfig, ReplicaConfig
 from gateway.errors import GatewayError
+from gateway.replicas.tasks import ReplicaTasks
 
 log = logging.getLogger("gateway.replicas.registry")
 
@@ -65,6 +74,10 @@ class Replica:
     ejected_until: float = 0.0
     #: engine readings merged with the admission ledger (None until admission tracks it)
     live: LiveState | None = None
+    #: no new requests (admin drain); those in flight finish
+    draining: bool = False
+    #: no new requests, removed once idle (its address vanished, or it was removed)
+    leaving: bool = False
     # copies of config.name / config.url (read many times per request)
     name: str = field(init=False)
     url: str = field(init=False)
@@ -75,6 +88,11 @@ class Replica:
         if self.config.kind != "auto":
             self.kind = self.config.kind
         self.max_model_len = self.config.max_model_len
+
+    def routable(self, now: float) -> bool:
+        """Whether new requests may go here at `now` (monotonic): healthy, not
+        draining nor leaving, not ejected for failing exchanges."""
+        return self.healthy and not self.draining and not self.leaving and self.ejected_until <= now
 
     def auth_headers(self) -> dict[str, str]:
         key = self.config.api_key
@@ -94,19 +112,30 @@ class Replica:
             "models": [m.get("id") for m in self.models],
             "max_model_len": self.max_model_len,
             "in_flight": self.in_flight,
+            "draining": self.draining,
+            "leaving": self.leaving,
             "ejected_for_s": max(0.0, round(self.ejected_until - time.monotonic(), 3)),
             "exchange_failures": self.exchange_failures,
             "live": self.live.describe() if self.live is not None else None,
         }
 
 
+class Membership(Protocol):
+    """Told when the replica set changes (after the change)."""
+
+    def replica_added(self, replica: Replica) -> None: ...
+    def replica_removed(self, replica: Replica) -> None: ...
+
+
 class ReplicaRegistry:
     def __init__(self, configs: tuple[ReplicaConfig, ...]) -> None:
+        # Replaced, never changed in place: an iteration under way keeps its snapshot.
         self.replicas = [Replica(c) for c in configs]
         self._by_name = {r.name: r for r in self.replicas}
+        self._members: list[Membership] = []
         self.changed = asyncio.Event()
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Replica]:
         return iter(self.replicas)
 
     def __len__(self) -> int:
@@ -116,9 +145,54 @@ class ReplicaRegistry:
         return self._by_name.get(name)
 
     def healthy(self) -> list[Replica]:
-        """Replicas that pass health checks and are not ejected for failing exchanges."""
+        """Replicas new requests may go to (`Replica.routable`)."""
         now = time.monotonic()
-        return [r for r in self.replicas if r.healthy and r.ejected_until <= now]
+        return [r for r in self.replicas if r.routable(now)]
+
+    def subscribe(self, member: Membership) -> None:
+        self._members.append(member)
+
+    def add(self, config: ReplicaConfig) -> Replica | None:
+        """A new replica (unhealthy until checked); None if the name is taken."""
+        if config.name in self._by_name:
+            return None
+        replica = Replica(config)
+        self._by_name[replica.name] = replica
+        self.replicas = [*self.replicas, replica]
+        log.info("replica %s joined (%s), waiting for a health check", replica.name, replica.url)
+        for m in self._members:
+            m.replica_added(replica)
+        return replica
+
+    def remove(self, name: str) -> Replica | None:
+        """Take a replica out of the set (callers wait until it is idle)."""
+        replica = self._by_name.pop(name, None)
+        if replica is None:
+            return None
+        replica.leaving = True  # whoever still holds it (a queued request) skips it
+        self.replicas = [r for r in self.replicas if r is not replica]
+        log.info("replica %s removed", name)
+        for m in reversed(self._members):
+            m.replica_removed(replica)
+        self.notify()
+        return replica
+
+    def set_draining(self, name: str, draining: bool) -> Replica | None:
+        """Drain (no new requests; in flight finish) or undrain; None if unknown."""
+        return self._mark(name, "draining", draining)
+
+    def set_leaving(self, name: str, leaving: bool) -> Replica | None:
+        """Mark a replica leaving (no new requests; the caller removes it once
+        idle), or serving again; None if unknown."""
+        return self._mark(name, "leaving", leaving)
+
+    def _mark(self, name: str, flag: Literal["draining", "leaving"], on: bool) -> Replica | None:
+        replica = self._by_name.get(name)
+        if replica is not None and getattr(replica, flag) != on:
+            setattr(replica, flag, on)
+            log.warning("replica %s %s %s", name, "is" if on else "is no longer", flag)
+            self.notify()
+        return replica
 
     def models(self) -> list[dict[str, Any]]:
         """Union of the replicas' served models (first seen wins)."""
@@ -148,23 +222,27 @@ class HealthMonitor:
         self._client = client
         self._cfg = cfg
         self._rng = rng or random.Random()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = ReplicaTasks("health", self._loop)
+        registry.subscribe(self)
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(r) for r in self._registry))
 
     async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._loop(r), name=f"health:{r.name}") for r in self._registry
-        ]
+        self._tasks.start(self._registry)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await self._tasks.stop()
 
-    async def _loop(self, replica: Replica) -> None:
+    def replica_added(self, replica: Replica) -> None:
+        self._tasks.add(replica)
+
+    def replica_removed(self, replica: Replica) -> None:
+        self._tasks.remove(replica.name)
+
+    async def _loop(self, replica: Replica, first_now: bool) -> None:
+        if first_now:
+            await self.check(replica)
         while True:
             delay = self._cfg.interval_s * (0.8 + 0.4 * self._rng.random())
             await asyncio.sleep(delay)

@@ -122,6 +122,12 @@ class StateStore(Protocol):
         """Set a text value that expires `key_ttl_s` after its last write or refresh."""
         ...
 
+    async def count_keys(self, pattern: str) -> int:
+        """How many live keys (counters with a value, values, texts) match the
+        glob `pattern` (without the key prefix). A full scan: for the admin
+        API (the session table), never on the request path."""
+        ...
+
     async def ping(self) -> None:
         """Return when the store answers; raise `StoreUnavailable` otherwise."""
         ...

@@ -172,6 +172,9 @@ class FailoverStore:
     async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
         await self._call(lambda s: s.put_text(key, value, key_ttl_s))
 
+    async def count_keys(self, pattern: str) -> int:
+        return await self._call(lambda s: s.count_keys(pattern))
+
     async def ping(self) -> None:
         await self._call(lambda s: s.ping())
 

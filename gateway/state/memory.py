@@ -17,6 +17,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import ClassVar
 
 from gateway.state.base import Claim, Reservation, ReserveResult, Stamp
@@ -169,6 +170,14 @@ class MemoryStateStore:
         now = self._clock()
         self._texts[key] = (value, now + key_ttl_s)
         self._scan(now)
+
+    async def count_keys(self, pattern: str) -> int:
+        now = self._clock()
+        self._sweep(now)
+        counters = [k for k in [*self._base, *self._held] if fnmatchcase(k, pattern)]
+        found = {k for k in counters if self._value(k, now)}
+        found.update(k for k, v in self._texts.items() if v[1] > now and fnmatchcase(k, pattern))
+        return len(found)
 
     async def ping(self) -> None:
         return None

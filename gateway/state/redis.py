@@ -228,6 +228,18 @@ class RedisStateStore:
         async with self._call():
             await self._client.set(self._prefix + key, value.encode(), px=max(1, _ms(key_ttl_s)))
 
+    async def count_keys(self, pattern: str) -> int:
+        """SCAN (every node of a cluster), skipping the `:e` companion sets; a
+        key SCAN returns twice (it may, while keys change) counts once."""
+        companion = _ENTRIES.encode()
+        found: set[bytes] = set()
+        async with self._call():
+            async for raw in self._client.scan_iter(match=self._prefix + pattern, count=1000):
+                name = raw if isinstance(raw, bytes) else str(raw).encode()
+                if not name.endswith(companion):
+                    found.add(name)
+        return len(found)
+
     async def ping(self) -> None:
         async with self._call(probe=True):
             await self._client.ping()

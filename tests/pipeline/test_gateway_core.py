@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.config.schema import ReplicaConfig
+from gateway.config.schema import HealthConfig, ReplicaConfig
 from gateway.http.serving import BackgroundServers, Listener, free_port
 from tests.gwharness import RunningGateway, running_gateway
 from tests.upstreams import LLAMACPP_CONTEXT_ERROR, VLLM_CONTEXT_ERROR, Script, scripted_app
@@ -191,7 +191,9 @@ def test_upstream_down_is_502_or_503() -> None:
 def test_connect_failure_after_health_is_502() -> None:
     """A replica marked healthy that refuses the connection: 502 after trying it."""
     dead = f"http://127.0.0.1:{free_port()}"
-    with running_gateway([ReplicaConfig(url=dead, kind="vllm")]) as gw:
+    # no health probe in the test's time, to undo `healthy` before the request
+    quiet = HealthConfig(interval_s=300.0, eject_after=0)
+    with running_gateway([ReplicaConfig(url=dead, kind="vllm")], health=quiet) as gw:
         replica = gw.gateway.registry.replicas[0]
         replica.healthy = True  # as if it died right after its last good probe
         resp = httpx.post(
@@ -241,10 +243,18 @@ def test_models_union_and_metrics(gw_scripted: tuple[Script, RunningGateway]) ->
     _, gw = gw_scripted
     models = httpx.get(gw.url + "/v1/models", timeout=10).json()
     assert models["data"] == [{"id": "m", "object": "model", "max_model_len": 2048}]
-    gw.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
+    resp = gw.openai().chat.completions.create(model="m", messages=MSG)  # type: ignore[arg-type]
     text = gw.metrics_text()
     assert 'gateway_requests_total{outcome="ok",task="default"} 1.0' in text
     assert "gateway_request_duration_seconds_bucket" in text
+    # tokens by task, as the engine's usage reported them
+    assert resp.usage is not None and resp.usage.prompt_tokens > 0
+    for direction, n in (
+        ("prompt", resp.usage.prompt_tokens),
+        ("completion", resp.usage.completion_tokens),
+    ):
+        line = f'gateway_tokens_total{{direction="{direction}",task="default"}} {float(n)}'
+        assert line in text, (line, [x for x in text.splitlines() if "tokens_total" in x])
 
 
 def _wait(cond: object, timeout: float = 10.0) -> None:

@@ -88,10 +88,13 @@ def test_an_ejected_replica_is_out_of_routing_until_its_time_is_up() -> None:
 def test_traffic_moves_away_from_a_failing_replica_and_comes_back(fault: dict[str, int]) -> None:
     health = HealthConfig(
         interval_s=0.2, timeout_s=1.0, unhealthy_after=1, healthy_after=1,
-        eject_after=2, eject_base_s=1.0, eject_max_s=5.0,
+        eject_after=2, eject_base_s=3.0, eject_max_s=6.0,
     )  # fmt: skip
+    # The first ejection (3 s) outlasts the twelve requests below even on a
+    # loaded machine (each ~40 ms of simulated generation): a second failure
+    # after it expired would make the count depend on timing.
     with (
-        SimCluster.start(2, speed=50) as sims,
+        SimCluster.start(2, speed=200) as sims,
         running_gateway(
             sims.urls, health=health, scheduling=SchedulingConfig(policy="round-robin")
         ) as gw,
@@ -120,7 +123,7 @@ def test_traffic_moves_away_from_a_failing_replica_and_comes_back(fault: dict[st
         assert all(ok and replica == good for replica, ok in first[6:]), first
         assert f'gateway_replica_ejections_total{{replica="{bad}"}}' in gw.metrics_text()
         httpx.post(sims.urls[0] + "/sim/fault", json={"clear": True}, timeout=10)
-        time.sleep(1.2)
+        time.sleep(3.2)
         later = [ask() for _ in range(6)]
         assert all(ok for _, ok in later)
         assert bad in {replica for replica, _ in later}  # back in routing
