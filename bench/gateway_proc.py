@@ -1,5 +1,7 @@
 """The gateway as `gateway serve` builds it, with its public listener on a
 chosen HTTP server: the A/B row of `bench/overhead.py --gateway-uvicorn`.
+(`gateway serve` itself refuses uvicorn for the public listener: it has no
+head or body limits; this measurement-only switch bypasses the config.)
 
     python -m bench.gateway_proc --server uvicorn --replica vllm=URL --port P --admin-port A
 """
@@ -7,6 +9,7 @@ chosen HTTP server: the A/B row of `bench/overhead.py --gateway-uvicorn`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from typing import Literal, cast
 
@@ -26,7 +29,7 @@ def main() -> None:
     engine = cast(Literal["auto", "vllm", "llamacpp"], kind)
     server = cast(Literal["lean", "uvicorn"], args.server)
     cfg = GatewayConfig(
-        listen=ListenConfig(port=args.port, admin_port=args.admin_port, server=server),
+        listen=ListenConfig(port=args.port, admin_port=args.admin_port),
         replicas=(ReplicaConfig(url=url, kind=engine),),
     )
     logging.basicConfig(
@@ -34,6 +37,7 @@ def main() -> None:
     )
     gw = create_app(cfg)
     listeners = gw.listeners()
+    listeners[0] = dataclasses.replace(listeners[0], server=server)
 
     async def main_coro() -> None:
         tune_gc()

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import build_admin_app
+from gateway.admin.sessions import SessionTable
 from gateway.admission.controller import AdmissionController
 from gateway.admission.metrics import AdmissionMetrics
 from gateway.config.schema import GatewayConfig
@@ -36,21 +37,32 @@ from gateway.pipeline.endpoint import CompletionsEndpoint, PublicApp
 from gateway.pipeline.pipeline import Pipeline, Stages
 from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
+from gateway.replicas.discovery import DnsDiscovery, Resolver, resolve_host
 from gateway.replicas.poller import LiveStatePoller
-from gateway.replicas.registry import HealthMonitor, ReplicaRegistry
+from gateway.replicas.registry import HealthMonitor, Replica, ReplicaRegistry
 from gateway.scheduling.affinity import SessionAffinity
-from gateway.scheduling.router import build_router
+from gateway.scheduling.router import Router, build_router
 from gateway.state import MemoryStateStore, StateStore
 from gateway.state.failover import FailoverStore
 
 log = logging.getLogger("gateway")
 
+#: how much longer than `listen.graceful_timeout_s` the public server keeps
+#: connections open on shutdown, for the answers of the requests ended then
+_ANSWER_MARGIN_S = 3.0
+
 
 class Gateway:
-    def __init__(self, cfg: GatewayConfig) -> None:
+    def __init__(self, cfg: GatewayConfig, *, resolver: Resolver = resolve_host) -> None:
         self.config = cfg
         self.metrics = GatewayMetrics()
         self.registry = ReplicaRegistry(cfg.replicas)
+        self.discovery = DnsDiscovery(
+            cfg.discovery,
+            self.registry,
+            resolver=resolver,
+            on_failure=lambda e: self.metrics.discovery_failures.labels(e.name).inc(),
+        )
         self.client = UpstreamClient(cfg.upstream)
         self.health = HealthMonitor(self.registry, self.client, cfg.health)
         self.store, self.failover = build_state_store(cfg.state, self.metrics)
@@ -81,6 +93,8 @@ class Gateway:
                 else None
             ),
         )
+        self.registry.subscribe(_ForgetLeft(stages.router, self.metrics))
+        self.sessions = SessionTable(stages.budgets, stages.router, stages.affinity)
         self.pipeline = Pipeline(cfg, self.registry, stages, self.metrics)
         # Request ids: a random 64-bit prefix per process + a counter (unique across
         # instances without a getrandom syscall and a UUID object per request).
@@ -104,9 +118,18 @@ class Gateway:
                 body_timeout=lc.body_timeout_s,
                 body_total_timeout=lc.body_total_timeout_s,
                 keepalive_timeout=lc.keepalive_timeout_s,
+                # the drain (`drain`) ends what still runs after its grace and
+                # gives that time to answer: the server waits a little longer
+                graceful_timeout=lc.graceful_timeout_s + _ANSWER_MARGIN_S,
             ),
             Listener(self.admin_app, lc.admin_host, lc.admin_port),
         ]
+
+    async def drain(self) -> None:
+        """On SIGTERM/SIGINT (`gateway serve`): `/readyz` turns 503, new requests
+        are refused, those in flight get `listen.graceful_timeout_s`, then what
+        is left ends with a `shutting_down` error (gateway/pipeline/lifecycle.py)."""
+        await self.pipeline.lifecycle.drain(self.config.listen.graceful_timeout_s)
 
     def new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):08x}"
@@ -117,12 +140,15 @@ class Gateway:
         try:
             if self.failover is not None:
                 await self.failover.start()  # never raises: an outage is `on_failure`'s
+            await self.discovery.refresh_all()
             await self.health.check_all()
             await self.health.start()
             await self.poller.poll_all()
             await self.poller.start()
+            await self.discovery.start()
             yield
         finally:
+            await self.discovery.stop()
             await self.poller.stop()
             await self.health.stop()
             try:
@@ -165,14 +191,31 @@ class Gateway:
         healthy = len(self.registry.healthy())
         failover = self.failover
         # Not ready while requests that need shared state would get 503 (on_failure: closed).
-        ready = bool(healthy) and (failover is None or failover.ready)
+        draining = self.pipeline.lifecycle.draining
+        ready = bool(healthy) and (failover is None or failover.ready) and not draining
         body = {
-            "status": "ready" if ready else "not_ready",
+            "status": "shutting_down" if draining else ("ready" if ready else "not_ready"),
             "healthy_replicas": healthy,
             "replicas": len(self.registry),
             "state_store": "memory" if failover is None else ("up" if failover.up else "down"),
         }
         return JSONResponse(body, status_code=200 if ready else 503)
+
+
+class _ForgetLeft:
+    """A replica that left the set (DNS discovery): routing and the metrics
+    drop what they kept of it."""
+
+    def __init__(self, router: Router, metrics: GatewayMetrics) -> None:
+        self._router = router
+        self._metrics = metrics
+
+    def replica_added(self, replica: Replica) -> None:
+        return None
+
+    def replica_removed(self, replica: Replica) -> None:
+        self._router.forget_replica(replica.name)
+        self._metrics.forget_replica(replica.name)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -234,5 +277,6 @@ def build_state_store(
     return store, store
 
 
-def create_app(cfg: GatewayConfig) -> Gateway:
-    return Gateway(cfg)
+def create_app(cfg: GatewayConfig, *, resolver: Resolver = resolve_host) -> Gateway:
+    """`resolver`: how `discovery` names are resolved (tests pass a stub)."""
+    return Gateway(cfg, resolver=resolver)

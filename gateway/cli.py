@@ -6,8 +6,8 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -16,9 +16,16 @@ import yaml
 
 from gateway import __version__, buildinfo
 from gateway.config.decode import ConfigError
-from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config, load_config
-from gateway.http.serving import Listener, run, serve_all, tune_gc
-from gateway.scheduling.validate import validate as validate_scheduling
+from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config
+from gateway.http.serving import (
+    CannotListen,
+    Listener,
+    bind_listeners,
+    run,
+    serve_all,
+    tune_gc,
+)
+from gateway.observability.logging import configure_logging
 
 
 def _replica_arg(value: str) -> ReplicaConfig:
@@ -76,6 +83,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
     demo.add_argument(
+        "--policies",
+        help="directory of task policy YAML files (default: the sources' policies/)",
+    )
+    demo.add_argument(
         "--sim-port",
         type=int,
         default=8101,
@@ -89,10 +100,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _load_config(path: str) -> GatewayConfig:
-    """The config file decoded and checked, plugin specs included (ConfigError if not valid)."""
-    cfg = load_config(path)
-    validate_scheduling(cfg.scheduling)
-    return cfg
+    """The config file decoded and checked, plugin specs and policies included
+    (ConfigError listing every problem if not valid)."""
+    from gateway.checkconfig import check_file
+
+    return check_file(path)[0]
 
 
 def _serve_config(args: argparse.Namespace) -> GatewayConfig:
@@ -109,9 +121,12 @@ def _serve_config(args: argparse.Namespace) -> GatewayConfig:
     except ValueError as exc:  # e.g. --server uvicorn with the lean server's timeouts set
         raise ConfigError([f"listen: {exc}"]) from None
     replicas = cfg.replicas + tuple(args.replica)
-    if not replicas:
+    if not replicas and not cfg.discovery:
         raise ConfigError(
-            ["replicas: at least one replica is required (--replica URL or a config file)"]
+            [
+                "replicas: at least one replica is required (--replica URL, or replicas: "
+                "or discovery: in a config file)"
+            ]
         )
     access_log = cfg.access_log if args.access_log is None else args.access_log
     return dataclasses.replace(
@@ -131,25 +146,36 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return 1
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(cfg.log_level, cfg.log_format)
     try:
         gw = create_app(cfg)
     except ConfigError as exc:
         print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
         return 1
     listeners = gw.listeners()
+    try:
+        sockets = bind_listeners(listeners)  # a taken port fails here, before "listening"
+    except CannotListen as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
     print(
         f"gateway listening on http://{cfg.listen.host}:{cfg.listen.port} "
         f"(admin http://{cfg.listen.admin_host}:{cfg.listen.admin_port}); {buildinfo.describe()}",
         flush=True,
     )
-    run(_serve_reloading(gw, listeners, cfg.log_level))
+    try:
+        run(_serve_reloading(gw, listeners, sockets, cfg.log_level))
+    except KeyboardInterrupt:  # Ctrl-C before the servers handle signals themselves
+        return 130
+    finally:
+        for sock in sockets:
+            sock.close()
     return 0
 
 
-async def _serve_reloading(gw: Any, listeners: list[Listener], log_level: str) -> None:
+async def _serve_reloading(
+    gw: Any, listeners: list[Listener], sockets: list[socket.socket], log_level: str
+) -> None:
     """Serve; SIGHUP reloads the task policies (an invalid set is refused and logged)."""
 
     def reload() -> None:
@@ -160,15 +186,14 @@ async def _serve_reloading(gw: Any, listeners: list[Listener], log_level: str) -
     with contextlib.suppress(NotImplementedError, AttributeError):  # no SIGHUP on Windows
         loop.add_signal_handler(signal.SIGHUP, reload)
     tune_gc()
-    await serve_all(listeners, log_level=log_level)
+    await serve_all(listeners, log_level=log_level, on_stop=gw.drain, sockets=sockets)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    try:
-        cfg = _load_config(args.file)
-        from gateway.policy.stage import check_policies
+    from gateway.checkconfig import check_file
 
-        policies = check_policies(cfg)
+    try:
+        cfg, policies = check_file(args.file)
     except ConfigError as exc:
         print(f"{args.file}: invalid config:", file=sys.stderr)
         for problem in exc.problems:

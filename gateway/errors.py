@@ -16,6 +16,8 @@
      ├── NoHealthyReplica             (503 no_healthy_replica)
      ├── StateUnavailable             (503 state_unavailable; shared state store down,
      │                                 `state.redis.on_failure: closed`)
+     ├── ShuttingDown                 (503 shutting_down; SIGTERM: refused or ended
+     │                                 after `listen.graceful_timeout_s`)
      ├── DeadlineExceeded             (504 deadline_exceeded)
      ├── UpstreamTimeout              (504 upstream_timeout: first byte / idle gap)
      ├── UpstreamError                (engine error, status kept, normalised body)
@@ -168,6 +170,18 @@ class StateUnavailable(GatewayError):
     type = "overloaded_error"
     code = "state_unavailable"
     reason = "state_unavailable"
+
+
+class ShuttingDown(GatewayError):
+    """The gateway is shutting down (SIGTERM/SIGINT): a new request is refused
+    at once; one still running when `listen.graceful_timeout_s` ends is ended
+    (an SSE error event once its stream has started). Another instance can
+    serve it: the answer carries `Retry-After`."""
+
+    status = 503
+    type = "overloaded_error"
+    code = "shutting_down"
+    reason = "shutting_down"
 
 
 class DeadlineExceeded(GatewayError):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from gateway import __version__
 from gateway.http.serving import free_port
@@ -33,10 +36,12 @@ def _process(args: Sequence[str], log: Path) -> Iterator[subprocess.Popen[bytes]
         finally:
             proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=10)
+                code = proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+                raise AssertionError("no exit within 10 s of SIGINT") from None
+        assert code == 0, f"exit status {code} after SIGINT"
 
 
 def _wait_ready(url: str, timeout: float = 30.0) -> None:
@@ -87,8 +92,20 @@ def test_demo_serves_openai_clients(tmp_path: Path) -> None:
         )
         assert text.strip()
         assert httpx.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).status_code == 200
-    out = (tmp_path / "demo.log").read_text()
-    assert "curl -s http://127.0.0.1:" in out and "from openai import OpenAI" in out
+        # The printed snippets run as pasted: the shipped chat policy answers X-Task: chat.
+        out = (tmp_path / "demo.log").read_text()
+        assert "Task policies: " in out
+        snippet = out[out.index("curl -s") : out.index("\nPY\n") + 4]
+        if shutil.which("curl") is None:  # the SDK half alone
+            snippet = snippet[snippet.index(sys.executable) :]
+        ran = subprocess.run(
+            ["bash", "-c", snippet], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.count(" ") >= 32, ran.stdout  # the curl answer and the streamed text
+        assert "error" not in ran.stdout
+    log = (tmp_path / "demo.log").read_text()
+    assert "Traceback" not in log  # Ctrl-C stops it cleanly
 
 
 def test_serve_detects_engine_kinds(tmp_path: Path) -> None:
@@ -146,16 +163,11 @@ def test_serve_flags_override_the_config_file_and_keep_its_other_listen_keys(
 
     cfg_file = tmp_path / "gw.yaml"
     cfg_file.write_text(
-        "listen:\n  server: uvicorn\n  port: 8181\n  admin_host: 127.0.0.2\n"
-        "replicas:\n  - url: http://127.0.0.1:9\n"
+        "listen:\n  port: 8181\n  admin_host: 127.0.0.2\nreplicas:\n  - url: http://127.0.0.1:9\n"
     )
     parser = _build_parser()
     from_file = _serve_config(parser.parse_args(["serve", "--config", str(cfg_file)]))
-    assert (from_file.listen.server, from_file.listen.port, from_file.listen.admin_host) == (
-        "uvicorn",
-        8181,
-        "127.0.0.2",
-    )
+    assert (from_file.listen.port, from_file.listen.admin_host) == (8181, "127.0.0.2")
     flagged = _serve_config(
         parser.parse_args(
             ["serve", "--config", str(cfg_file), "--server", "lean", "--port", "8282"]
@@ -188,8 +200,8 @@ def test_serve_refuses_plugin_specs_the_registry_does_not_know(tmp_path: Path) -
     )
     assert result.returncode == 1
     assert result.stderr.startswith("config error:\n")
-    assert "scheduling: plugins[0].type: unknown plugin type 'nope'" in result.stderr
-    assert "profiles[0].picker: no plugin named 'x' is defined" in result.stderr
+    assert "scheduling.plugins[0].type: unknown plugin type 'nope'" in result.stderr
+    assert "scheduling.profiles[0].picker: no plugin named 'x' is defined" in result.stderr
 
 
 def test_version_names_the_release_and_the_build() -> None:
@@ -200,14 +212,36 @@ def test_version_names_the_release_and_the_build() -> None:
     assert out.stdout.startswith(f"gateway {__version__} (")
 
 
-def test_serve_refuses_lean_timeouts_with_uvicorn(tmp_path: Path) -> None:
+def test_serve_refuses_uvicorn_for_the_public_listener(tmp_path: Path) -> None:
     cfg = tmp_path / "gw.yaml"
-    cfg.write_text("listen: {body_timeout_s: 10}\nreplicas: [{url: 'http://127.0.0.1:1'}]\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--server", "uvicorn"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 1
-    assert "body_timeout_s" in out.stderr and "uvicorn" in out.stderr
+    cfg.write_text("listen: {server: uvicorn}\nreplicas: [{url: 'http://127.0.0.1:1'}]\n")
+    for extra in ([], ["--server", "uvicorn"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 1
+        assert "server: uvicorn is refused for the public listener" in out.stderr
+        assert "no request-head size or time limit" in out.stderr
+
+
+@pytest.mark.parametrize("taken", ["--port", "--admin-port"])
+def test_serve_with_a_port_taken_says_so_in_one_line_and_exits_2(taken: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ports = {"--port": free_port(), "--admin-port": free_port(), taken: port}
+        out = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--replica", "http://127.0.0.1:9"]
+            + [str(a) for kv in ports.items() for a in kv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1] == f"gateway: cannot listen on 127.0.0.1:{port}: address already in use"
+    assert "listening" not in out.stdout + out.stderr and "Traceback" not in out.stderr

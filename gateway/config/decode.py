@@ -177,8 +177,26 @@ def _decode_dataclass(cls: type, value: Any, path: str, problems: list[str], env
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
-        problems.append(f"{path or '<root>'}: {exc}")
+        problems.append(_located(path, str(exc), fields))
         return None
+
+
+_LEADING_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?:: | (?=must |is ))(.*)", re.DOTALL)
+
+
+def _located(path: str, message: str, fields: Mapping[str, Any]) -> str:
+    """A `__post_init__` message under its key path: "port must be ..." raised
+    by `listen` reads `listen.port: must be ...` (a message that names no
+    field of the object stays under the object's path)."""
+    m = _LEADING_NAME.fullmatch(message)
+    if m is not None:
+        name, rest = m.groups()
+        last = path.rsplit(".", 1)[-1]
+        if name.startswith(last + "."):  # "limits.max_input_tokens" raised by `…limits`
+            name = name[len(last) + 1 :]
+        if name in fields:
+            return f"{_join(path, name)}: {rest}"
+    return f"{path or '<root>'}: {message}"
 
 
 def to_plain(obj: Any, mask: frozenset[str] = frozenset()) -> Any:

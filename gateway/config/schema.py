@@ -22,24 +22,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from gateway.config.decode import ConfigError, decode, to_plain
+from gateway.config.discovery import DiscoveryConfig, EngineKind
+from gateway.config.masking import mask_secrets
 from gateway.config.scheduling import SchedulingConfig
-from gateway.config.state import StateConfig, mask_url_password
-
-EngineKind = Literal["auto", "vllm", "llamacpp"]
-
-SECRET_FIELDS = frozenset(
-    {
-        "api_key",
-        "api_keys",
-        "key",
-        "secret",
-        "password",
-        "isolation_secret",
-        "url_password",
-        "sha256",
-    }
-)
-
+from gateway.config.state import StateConfig
 
 _LEAN_TIMEOUTS = ("head_timeout_s", "body_timeout_s", "body_total_timeout_s", "keepalive_timeout_s")
 
@@ -50,15 +36,22 @@ class ListenConfig:
     port: int = 8080
     admin_host: str = "127.0.0.1"
     admin_port: int = 9090
-    server: Literal["lean", "uvicorn"] = "lean"  # the public listener's HTTP server
-    # The lean server's timeouts, in seconds (refused with uvicorn, which has none
-    # of them: a setting either works or is refused):
+    # The public listener's HTTP server: only "lean" (uvicorn is refused, see below).
+    server: Literal["lean", "uvicorn"] = "lean"
+    # The lean server's timeouts, in seconds:
     head_timeout_s: float = 5.0  # a request head, from its first byte
     body_timeout_s: float = 30.0  # the longest gap between two request body bytes
     body_total_timeout_s: float = 300.0  # a whole request body, from its head
     keepalive_timeout_s: float = 5.0  # an idle keep-alive connection (or one never used)
+    #: on SIGTERM/SIGINT, how long requests in flight get to finish before they
+    #: are ended with a `shutting_down` error (gateway/pipeline/lifecycle.py);
+    #: below Kubernetes' default terminationGracePeriodSeconds (30)
+    graceful_timeout_s: float = 25.0
 
     def __post_init__(self) -> None:
+        grace = self.graceful_timeout_s
+        if not grace >= 0:  # (also refuses NaN)
+            raise ValueError(f"graceful_timeout_s must be a number of seconds >= 0, got {grace!r}")
         for name in ("port", "admin_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
@@ -67,16 +60,12 @@ class ListenConfig:
             value = getattr(self, name)
             if not value > 0:  # (also refuses NaN)
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-        if self.server == "uvicorn":
-            default = ListenConfig()
-            changed = [
-                name for name in _LEAN_TIMEOUTS if getattr(self, name) != getattr(default, name)
-            ]
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)}: the lean server's timeouts; server: uvicorn "
-                    "does not apply them (use server: lean, or leave them unset)"
-                )
+        if self.server == "uvicorn":  # issue 19: one client could take it down
+            raise ValueError(
+                "server: uvicorn is refused for the public listener: it has no request-head "
+                "size or time limit and no request-body timeout, so one client can take it "
+                "down; use server: lean (the default)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +137,22 @@ class HealthConfig:
 class LimitsConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     max_retries: int = 2
+    #: per chat request: a 200k-token agent history at ~20 tokens for its shortest turns
+    max_messages: int = 10_000
+    #: content parts (text, image, ...) of all messages of one request together
+    max_content_parts: int = 50_000
+    #: the most UTF-8 bytes one token of any tokenizer behind the gateway covers
+    #: (the longest token of the 19 vocabularies llama.cpp ships: 512 bytes of spaces)
+    max_bytes_per_token: int = 512
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
         if not 0 <= self.max_retries <= 10:
             raise ValueError("max_retries must be between 0 and 10")
+        for name in ("max_messages", "max_content_parts", "max_bytes_per_token"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,8 +378,23 @@ class AdmissionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The admin listener's `/admin/*` routes: `Authorization: Bearer <token>`
+    when `token` is set (normally `${GATEWAY_ADMIN_TOKEN}`); `/metrics` and
+    `/healthz` stay open."""
+
+    token: str = ""
+
+    def __post_init__(self) -> None:
+        if self.token and len(self.token) < 16:
+            raise ValueError("token must be at least 16 characters")
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     replicas: tuple[ReplicaConfig, ...] = ()
+    discovery: tuple[DiscoveryConfig, ...] = ()
+    admin: AdminConfig = field(default_factory=AdminConfig)
     listen: ListenConfig = field(default_factory=ListenConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
@@ -396,12 +410,17 @@ class GatewayConfig:
     expose_replica_header: bool = True
     access_log: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.replicas]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"replicas: duplicate replica names {dupes}")
+        found = [d.name for d in self.discovery]
+        dupes = sorted({n for n in found if found.count(n) > 1})
+        if dupes:
+            raise ValueError(f"discovery: duplicate names {dupes}")
 
 
 #: Keys accepted once that now live elsewhere: refused with a pointer to the new key.
@@ -438,19 +457,8 @@ def load_config(path: str | Path) -> GatewayConfig:
     return parse_config(data, p.parent)
 
 
-def _mask_urls(plain: Any) -> Any:
-    """Mask the passwords of every `url` value in the plain config."""
-    if isinstance(plain, dict):
-        return {
-            k: mask_url_password(v) if k == "url" and isinstance(v, str) else _mask_urls(v)
-            for k, v in plain.items()
-        }
-    if isinstance(plain, list):
-        return [_mask_urls(v) for v in plain]
-    return plain
-
-
 def effective_config(cfg: GatewayConfig) -> dict[str, Any]:
-    plain = _mask_urls(to_plain(cfg, SECRET_FIELDS))
+    """The config as plain data, every secret masked (`gateway.config.masking`)."""
+    plain = mask_secrets(to_plain(cfg))
     assert isinstance(plain, dict)
     return plain

@@ -33,7 +33,7 @@ from typing import Any
 from gateway.config.schema import GatewayConfig, TimeoutsConfig
 from gateway.deadlines.client import DEADLINE_HEADER, TIMEOUT_HEADER, ClientDeadlines
 from gateway.deadlines.timer import RequestTimer
-from gateway.errors import DeadlineExceeded
+from gateway.errors import DeadlineExceeded, ShuttingDown
 from gateway.pipeline.context import Deadline, RequestContext
 from gateway.policy.policyset import Policy
 
@@ -43,6 +43,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 #: A deadline closer than this when resolved cannot cover even an idle engine's
 #: round trip: refused before any engine work.
 MIN_REMAINING_S = 0.005
+#: `RequestTimer.interrupt` kind that ends a request at the end of a shutdown's grace period.
+SHUTDOWN = "shutdown"
 #: Sources after which a retry cannot help: the instant is fixed.
 ABSOLUTE_SOURCES = frozenset({DEADLINE_HEADER, "session"})
 _NO_CLIENT = ClientDeadlines()
@@ -163,6 +165,21 @@ def deadline_error(ctx: RequestContext, source: str) -> DeadlineExceeded:
     return err
 
 
+def shutting_down_error() -> ShuttingDown:
+    return ShuttingDown(
+        "The gateway is shutting down; retry the request (another instance can serve it).",
+        retry_after=1.0,
+    )
+
+
+def interrupt(ctx: RequestContext) -> bool:
+    """End a request running under `enforce` now with `ShuttingDown` (an SSE
+    error event once its stream has started). False when it is not (yet, or
+    any longer) under a timer."""
+    d = ctx.deadline
+    return d is not None and d.timer is not None and d.timer.interrupt(SHUTDOWN)
+
+
 @contextlib.asynccontextmanager
 async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
     """Bound the body of the block by the request's deadline.
@@ -170,7 +187,8 @@ async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
     Yields the `send` to use inside: it moves the timer from the
     response-start deadline (client timeout) to the total deadline once the
     response starts. On expiry the block is cancelled (closing the upstream
-    connection) and `DeadlineExceeded` is raised. The timer is the request's
+    connection) and `DeadlineExceeded` is raised; when a shutdown interrupts
+    it (`interrupt(ctx)`), `ShuttingDown`. The timer is the request's
     one `RequestTimer` (`ctx.deadline.timer`), which the forwarder also uses
     for its connect / first-byte / idle bounds."""
     d = ctx.deadline
@@ -190,6 +208,8 @@ async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
     except asyncio.CancelledError:
         if timer.claim("deadline"):
             raise deadline_error(ctx, timer_deadline(ctx)[1]) from None
+        if timer.claim(SHUTDOWN):
+            raise shutting_down_error() from None
         raise
     finally:
         d.timer = None

@@ -60,7 +60,7 @@ class RequestTimer:
         self.phase_at = math.inf
         self.phase_what = ""
         self.phase_s = 0.0
-        self.expired: str | None = None  # "deadline" | "phase" once fired
+        self.expired: str | None = None  # "deadline" | "phase" | `interrupt`'s kind once fired
         self._armed_at = min(deadline, self._loop.time() + horizon_s)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._armed_at, self._fire)
 
@@ -100,6 +100,18 @@ class RequestTimer:
             return
         self.expired = "deadline" if self.deadline <= self.phase_at else "phase"
         self._task.cancel()
+
+    def interrupt(self, kind: str) -> bool:
+        """End the request now for `kind` (e.g. "shutdown"), as an expiry would:
+        the task is cancelled and `claim(kind)` recognises the cancellation.
+        False when the timer already fired or was closed."""
+        if self.expired is not None or self._handle is None:
+            return False
+        self._handle.cancel()
+        self._handle = None
+        self.expired = kind
+        self._task.cancel()
+        return True
 
     # --- ending ---------------------------------------------------------------
 

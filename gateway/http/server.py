@@ -1,9 +1,9 @@
 """A lean HTTP/1.1 ASGI server on `asyncio.Protocol` + httptools.
 
-It serves the gateway's public listener (`listen.server: lean`, the default):
-uvicorn's per-request machinery costs ~50 µs of CPU per small proxied request
-at concurrency 1 over a plain protocol (measured: bench/results/
-performance-notes-2026.md; see gateway/http/README.md). Only what an
+It serves the gateway's public listener: uvicorn's per-request machinery
+costs ~50 µs of CPU per small proxied request at concurrency 1 over a plain
+protocol (measured: bench/results/performance-notes-2026.md), and uvicorn
+has no request-head or body limits (see gateway/http/README.md). Only what an
 HTTP/1.1 API server needs: ASGI 3 `http` (spec 2.4) and `lifespan`; no
 websockets, no TLS, no HTTP/2 (upgrade requests are answered as plain HTTP/1.1,
 see `gateway.http.connection`).
@@ -26,7 +26,8 @@ Startup runs the app's lifespan before accepting (a failure exits with status
 finish for up to `graceful_timeout` seconds, then cancels them, closes every
 connection and runs the lifespan shutdown. On the main thread SIGINT/SIGTERM
 set `should_exit` (a second SIGINT forces the exit) and are re-raised after
-shutdown, as uvicorn does.
+shutdown, as uvicorn does, unless `capture_signals=False` (then whoever runs
+the server handles them: `gateway.http.serving.serve_all`).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class LeanServer:
         graceful_timeout: float = 2.0,
         backlog: int = 2048,
         render_error: ErrorRenderer = json_error,
+        capture_signals: bool = True,
     ) -> None:
         self.app = app
         self.host = host
@@ -140,6 +142,7 @@ class LeanServer:
         self.graceful_timeout = graceful_timeout
         self.backlog = backlog
         self.render_error = render_error
+        self.capture_signals = capture_signals
         self.started = False
         self.should_exit = False
         self.force_exit = False
@@ -240,7 +243,7 @@ class LeanServer:
 
     @contextlib.contextmanager
     def _capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
+        if not self.capture_signals or threading.current_thread() is not threading.main_thread():
             yield
             return
         original = {sig: signal.signal(sig, self._handle_exit) for sig in _SIGNALS}

@@ -4,7 +4,7 @@ Used by `gateway serve` (public + admin listeners), `gateway sim` (N simulated
 replicas on consecutive ports), `gateway demo`, and by tests and benchmarks,
 which run the same servers in a background thread on free loopback ports.
 A listener runs under uvicorn unless it asks for `server="lean"`
-(`gateway.http.server`, what the gateway's public listener uses by default);
+(`gateway.http.server`, what the gateway's public listener uses);
 a lean listener's own error answers come from its `render_error`.
 """
 
@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
+import signal
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Self, cast
 
@@ -39,6 +41,8 @@ class Listener:
     body_timeout: float = 30.0  # the longest gap between two request body bytes
     body_total_timeout: float = 300.0  # a whole request body, from its head
     keepalive_timeout: float = 5.0  # an idle keep-alive connection (or one never used)
+    #: on shutdown, how long open connections get to finish (both servers)
+    graceful_timeout: float = 2.0
 
 
 def run(main: Any) -> None:
@@ -74,7 +78,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _bind_all(listeners: Sequence[Listener]) -> list[socket.socket]:
+class CannotListen(OSError):
+    """A listener's address cannot be bound: `cannot listen on HOST:PORT: REASON`."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        reason = cause.strerror or str(cause)
+        super().__init__(f"cannot listen on {host}:{port}: {reason[:1].lower()}{reason[1:]}")
+
+
+def bind_listeners(listeners: Sequence[Listener]) -> list[socket.socket]:
+    """A listening socket per listener, bound before any server starts (so a
+    taken port fails here, with `CannotListen`, rather than inside the loop
+    after startup); pass them to `serve_all(..., sockets=...)`."""
     bound: list[socket.socket] = []
     try:
         for lst in listeners:
@@ -82,7 +97,10 @@ def _bind_all(listeners: Sequence[Listener]) -> list[socket.socket]:
             sock = socket.socket(family, socket.SOCK_STREAM)
             bound.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((lst.host, lst.port))
+            try:
+                sock.bind((lst.host, lst.port))
+            except OSError as exc:
+                raise CannotListen(lst.host, lst.port, exc) from exc
             sock.listen(2048)
             sock.set_inheritable(True)
     except OSError:
@@ -143,7 +161,17 @@ class _Protocol(HttpToolsProtocol):
         self.transport = cast(asyncio.Transport, _HeadWithBody(transport, self.loop))
 
 
-def _make_server(listener: Listener, log_level: str) -> uvicorn.Server | LeanServer:
+class _QuietServer(uvicorn.Server):
+    """uvicorn leaving the signals to whoever runs it (`serve_all`)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _make_server(
+    listener: Listener, log_level: str, capture_signals: bool = True
+) -> uvicorn.Server | LeanServer:
     if listener.server == "lean":
         return LeanServer(
             listener.app,
@@ -153,14 +181,18 @@ def _make_server(listener: Listener, log_level: str) -> uvicorn.Server | LeanSer
             head_timeout=listener.head_timeout,
             body_timeout=listener.body_timeout,
             body_total_timeout=listener.body_total_timeout,
-            graceful_timeout=2.0,
+            graceful_timeout=listener.graceful_timeout,
             render_error=listener.render_error,
+            capture_signals=capture_signals,
         )
     config = uvicorn.Config(
         listener.app,
         host=listener.host,
         port=listener.port,
         log_level=log_level,
+        # uvicorn's records go through the process's own logging setup
+        # (`log_format: json` included) rather than handlers of its own
+        log_config=None,
         access_log=False,
         # the gateway reads no X-Forwarded-*; uvicorn's middleware costs ~15 µs/request
         proxy_headers=False,
@@ -168,29 +200,97 @@ def _make_server(listener: Listener, log_level: str) -> uvicorn.Server | LeanSer
         lifespan="on",
         loop="asyncio",
         http=_Protocol,
-        timeout_graceful_shutdown=2,
+        timeout_graceful_shutdown=max(1, math.ceil(listener.graceful_timeout)),
     )
-    server = uvicorn.Server(config)
-    return server
+    return uvicorn.Server(config) if capture_signals else _QuietServer(config)
 
 
-async def serve_all(listeners: Sequence[Listener], log_level: str = "warning") -> None:
-    """Serve every listener until one of them stops (Ctrl-C stops all)."""
-    servers = [_make_server(lst, log_level) for lst in listeners]
+async def serve_all(
+    listeners: Sequence[Listener],
+    log_level: str = "warning",
+    *,
+    on_stop: Callable[[], Awaitable[object]] | None = None,
+    sockets: Sequence[socket.socket] | None = None,
+) -> None:
+    """Serve every listener until one of them stops, or SIGTERM / SIGINT
+    arrives (handled here, on the main thread: the servers install none).
+    `sockets`: one per listener, already bound (`bind_listeners`); without
+    them each server binds its own address when it starts.
+
+    On a signal every server stops accepting connections and gives the open
+    ones its `graceful_timeout`, while `on_stop` runs (the gateway drains
+    its requests in flight); a second signal forces the exit. Returns
+    normally after a signal: a stop asked for is not an error."""
+    loop = asyncio.get_running_loop()
+    stop = _StopSignals(loop)
+    servers = [_make_server(lst, log_level, capture_signals=not stop.handled) for lst in listeners]
     tasks: list[asyncio.Task[None]] = []
     try:
-        for server in servers:
+        for i, server in enumerate(servers):
             # Start in order (e.g. simulated replicas before the gateway that probes them).
-            tasks.append(asyncio.create_task(server.serve()))
+            own = None if sockets is None else [sockets[i]]
+            tasks.append(asyncio.create_task(server.serve(sockets=own)))
             for _ in range(3000):
-                if server.started or tasks[-1].done():
+                if server.started or tasks[-1].done() or stop.asked.is_set():
                     break
                 await asyncio.sleep(0.01)
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        waiting = asyncio.create_task(stop.asked.wait())
+        await asyncio.wait([*tasks, waiting], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if stop.asked.is_set():
+            await _stop(servers, tasks, stop, on_stop)
     finally:
         for s in servers:
             s.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
+        stop.close()
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM on the main thread: the first sets `asked`, a second
+    `forced`. Off the main thread (tests, benchmarks) none is handled."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.asked = asyncio.Event()
+        self.forced = False
+        self.handled: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # e.g. Windows
+                loop.add_signal_handler(sig, self._on_signal)
+                self.handled.append(sig)
+
+    def _on_signal(self) -> None:
+        if self.asked.is_set():
+            self.forced = True
+        self.asked.set()
+
+    def close(self) -> None:
+        for sig in self.handled:
+            self._loop.remove_signal_handler(sig)
+
+
+async def _stop(
+    servers: Sequence[uvicorn.Server | LeanServer],
+    tasks: Sequence[asyncio.Task[None]],
+    stop: _StopSignals,
+    on_stop: Callable[[], Awaitable[object]] | None,
+) -> None:
+    for s in servers:
+        s.should_exit = True  # stop accepting; open connections get their grace
+    work = [asyncio.ensure_future(on_stop())] if on_stop is not None else []
+    pending: set[asyncio.Future[Any]] = {*tasks, *work}
+    for _ in range(100_000):  # bounded by the servers' own grace periods
+        if not pending:
+            break
+        _, pending = await asyncio.wait(pending, timeout=0.1)
+        if stop.forced:
+            for s in servers:
+                s.force_exit = True
+            for fut in work:
+                fut.cancel()
 
 
 class BackgroundServers:
@@ -213,7 +313,7 @@ class BackgroundServers:
         # Bind here, so a taken port fails at once with OSError in the caller's
         # thread (uvicorn would sys.exit() inside the loop). uvicorn installs
         # signal handlers only on the main thread, so none are installed here.
-        self._sockets = _bind_all(self._listeners)
+        self._sockets = bind_listeners(self._listeners)
         self._servers = [_make_server(lst, self._log_level) for lst in self._listeners]
         self._thread = threading.Thread(target=self._run, name="bg-servers", daemon=True)
         self._thread.start()

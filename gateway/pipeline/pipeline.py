@@ -35,6 +35,7 @@ from gateway.ingress.auth import Authenticator
 from gateway.ingress.stage import Ingress
 from gateway.observability.metrics import GatewayMetrics
 from gateway.pipeline.context import RequestContext
+from gateway.pipeline.lifecycle import Lifecycle
 from gateway.pipeline.settle import Settle
 from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
@@ -66,6 +67,7 @@ class Pipeline:
         self.stages = stages
         self._metrics = metrics
         self._settle = Settle(metrics, cfg.access_log)
+        self.lifecycle = Lifecycle()
         self._outliers = OutlierDetector(
             cfg.health, lambda r: metrics.replica_ejections.labels(r.name).inc()
         )
@@ -73,9 +75,11 @@ class Pipeline:
     async def handle(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
         self._metrics.admitted.inc()
         self._metrics.in_flight.inc()
+        self.lifecycle.enter(ctx)
         try:
             await self._answer(ctx, raw, send)
         finally:
+            self.lifecycle.leave(ctx)
             self._metrics.in_flight.dec()
             self._settle.settle(ctx)
 
@@ -101,12 +105,18 @@ class Pipeline:
 
     async def _run(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
         s = self.stages
+        if self.lifecycle.draining:
+            raise deadlines.shutting_down_error()
         s.auth.authenticate(ctx)
-        s.ingress.process(ctx, raw)
+        parsing = s.ingress.process(ctx, raw)  # a large body: parsed in a worker thread
+        if parsing is not None:
+            await parsing
         counting = s.policy.apply(ctx)
         if counting is not None:
             await counting
         deadlines.resolve(ctx, self._cfg)
+        if self.lifecycle.ended:  # admitted before the drain, but its grace is over
+            raise deadlines.shutting_down_error()
         async with deadlines.enforce(ctx, send) as timed_send, s.budgets.reserve(ctx):
             await self._dispatch(ctx, timed_send)
 

@@ -40,8 +40,8 @@ def test_every_problem_is_reported_at_once() -> None:
     found = problems({"listen": {"port": -1}, "replicas": [{"url": "ftp://x"}], "bogus": 1})
     joined = "\n".join(found)
     assert "bogus: unknown key" in joined
-    assert "replicas[0]: url must be http(s)" in joined
-    assert "listen: port must be a TCP port" in joined
+    assert "replicas[0].url: must be http(s)" in joined
+    assert "listen.port: must be a TCP port" in joined
 
 
 def test_literal_choices_and_required_keys() -> None:
@@ -124,8 +124,40 @@ def test_check_config_cli_checks_plugin_specs_against_the_registry(tmp_path: Pat
     )
     result = _check_config(cfg)
     assert result.returncode == 1
-    assert "scheduling: plugins[0].parameters.bogus: unknown key" in result.stderr
+    assert "scheduling.plugins[0].parameters.bogus: unknown key" in result.stderr
     assert "profiles[0].picker: plugin 'least-load' is a scorer, expected a picker" in result.stderr
+
+
+def test_check_config_cli_reports_every_problem_of_a_file_in_one_run(tmp_path: Path) -> None:
+    """Decoding, plugin and policy problems together, each `key.path: problem`
+    (none of them appears only once another is fixed)."""
+    (tmp_path / "pol").mkdir()
+    (tmp_path / "pol" / "chat.yaml").write_text(
+        "name: chat\nlimits: {max_input_tokens: -5}\nbogus: 1\n"
+    )
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(
+        "listen: {port: 99999}\n"
+        "replicas:\n  - {url: 'http://127.0.0.1:8000', api_key: '${GW_TEST_UNSET_KEY}'}\n"
+        "health: {interval_s: '2'}\n"
+        "scheduling:\n  plugins: [{name: x, type: no-such-scorer}]\n"
+        "policies: pol\n"
+    )
+    result = _check_config(cfg)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()[1:]
+    assert [line.strip().split(":", 1)[0] for line in lines] == [
+        "replicas[0].api_key",
+        "listen.port",
+        "health.interval_s",
+        "scheduling.plugins[0].type",
+        "scheduling.profiles",
+        "chat.yaml.bogus",
+        "chat.yaml.limits.max_input_tokens",
+    ], result.stderr
+    assert "GW_TEST_UNSET_KEY is not set" in result.stderr
+    # one problem for built-in profiles that name plugins the own list lacks
+    assert sum("no plugin named" in line for line in lines) == 0
 
 
 def test_config_is_plain_data_and_imports_no_plugins() -> None:
@@ -180,14 +212,14 @@ def test_state_redis_is_refused_when_unusable() -> None:
         "state: backend redis needs redis.url (or redis.sentinel)"
     ]
     assert problems(_redis()) == [
-        "state.redis: url is required (redis://, rediss:// or unix://), or sentinel"
+        "state.redis.url: is required (redis://, rediss:// or unix://), or sentinel"
     ]
     cases = {
-        "http://cache:6379": "state.redis: url must be redis://, rediss:// or unix://",
+        "http://cache:6379": "state.redis.url: must be redis://, rediss:// or unix://",
         "redis://cache:99999": "state.redis: url 'redis://cache:99999' cannot be parsed",
         "redis://[::1": "state.redis: url 'redis://[::1' cannot be parsed",
         "redis://cache/x": "state.redis: url names database 'x'",
-        "redis://cache?ssl=1": "state.redis: url must not have query parameters",
+        "redis://cache?ssl=1": "state.redis.url: must not have query parameters",
         "redis:///0": "state.redis: url needs a host",
         "unix://": "state.redis: url unix:// needs the socket path",
     }
@@ -205,7 +237,7 @@ def test_state_redis_bad_keys_name_their_path() -> None:
         "state.redis: url names database 2, but Redis Cluster has only database 0"
     ]
     assert problems(_redis(url="redis://c:1", command_timeout_s=0)) == [
-        "state.redis: command_timeout_s must be > 0, got 0.0"
+        "state.redis.command_timeout_s: must be > 0, got 0.0"
     ]
     assert problems(_redis(url="redis://c:1", on_failure="maybe")) == [
         "state.redis.on_failure: must be one of 'open', 'closed', got 'maybe'"
@@ -213,12 +245,12 @@ def test_state_redis_bad_keys_name_their_path() -> None:
     found = problems(_redis(url="redis://c:1", pool=3))
     assert found[0].startswith("state.redis.pool: unknown key (known keys: cluster,")
     found = problems(_redis(sentinel={"master": "m", "nodes": ["s1"]}))
-    assert found == ["state.redis.sentinel: nodes must be host:port, got 's1'"]
+    assert found == ["state.redis.sentinel.nodes: must be host:port, got 's1'"]
     assert problems({"state": {"key_prefix": "gw:{a}"}}) == [
-        "state: key_prefix must not contain { or } (Redis Cluster hash tags), got 'gw:{a}'"
+        "state.key_prefix: must not contain { or } (Redis Cluster hash tags), got 'gw:{a}'"
     ]
     assert problems({"state": {"redis": {"url": "redis://c:1"}}}) == [
-        "state: redis is set but backend is memory: set backend: redis or remove it"
+        "state.redis: is set but backend is memory: set backend: redis or remove it"
     ]
 
 
