@@ -103,14 +103,50 @@ class HotspotConfig:
     in_flight_ratio: float = 2.0
     kv_fraction: float = 0.9
     kv_ratio: float = 1.3
+    #: Decode work per engine step (`DecodeConfig`, prefill-token equivalents).
+    #: Moving a session re-prefills its history, so only an extreme imbalance counts.
+    decode_tokens: float = 1024.0
+    decode_ratio: float = 3.0
 
     def __post_init__(self) -> None:
-        if self.backlog_tokens < 0 or self.in_flight < 0:
-            raise ValueError("backlog_tokens and in_flight must be >= 0")
-        if self.backlog_ratio < 1 or self.kv_ratio < 1 or self.in_flight_ratio < 1:
-            raise ValueError("backlog_ratio, in_flight_ratio and kv_ratio must be >= 1")
+        if self.backlog_tokens < 0 or self.in_flight < 0 or self.decode_tokens < 0:
+            raise ValueError("backlog_tokens, in_flight and decode_tokens must be >= 0")
+        ratios = (self.backlog_ratio, self.kv_ratio, self.in_flight_ratio, self.decode_ratio)
+        if min(ratios) < 1:
+            raise ValueError(
+                "backlog_ratio, in_flight_ratio, kv_ratio and decode_ratio must be >= 1"
+            )
         if not 0 < self.kv_fraction <= 1:
             raise ValueError(f"kv_fraction must be in (0, 1], got {self.kv_fraction}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeConfig:
+    """The decode load a request joins (see docs/routing.md, "Decode load").
+
+    Costs are in prefill-token equivalents: the step time one prefill token
+    takes. The step budget is the engine's (vLLM `--max-num-batched-tokens`,
+    `--max-num-seqs`; a llama.cpp replica's slots come from the engine)."""
+
+    #: vLLM `--max-num-batched-tokens`: tokens per engine step, decodes first.
+    max_num_batched_tokens: int = 8192
+    #: vLLM `--max-num-seqs`: sequences running at once; beyond it a request waits.
+    max_num_seqs: int = 256
+    #: Step time one decoding sequence adds (~0.3 ms next to 62.5 us per prefill token).
+    seq_cost_tokens: float = 5.0
+    #: Step time per KV token a decoding sequence attends to (~50 ns on an
+    #: H100-class GPU for an 8B model with GQA: 128 KiB of K and V per token).
+    kv_cost_tokens: float = 0.0008
+    #: A request's own output counted at most this many tokens (its decode
+    #: joins the replica's running sequences for that long).
+    output_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "output_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_cost_tokens < 0 or self.kv_cost_tokens < 0:
+            raise ValueError("seq_cost_tokens and kv_cost_tokens must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +169,12 @@ class SchedulingConfig:
     max_sessions: int = 100000
     #: llama.cpp slots per replica when the engine state does not list them (None: no pinning).
     llamacpp_slots: int | None = None
+    #: Chat requests without a session key: their first messages (up to the
+    #: first user message) act as the session key, so a conversation's turns
+    #: stay together even when its prompt is shorter than one prefix block.
+    implicit_sessions: bool = True
     hotspot: HotspotConfig = field(default_factory=HotspotConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     plugins: tuple[PluginSpec, ...] = ()
     profiles: tuple[ProfileSpec, ...] = ()
 

@@ -145,8 +145,9 @@ class Pipeline:
     async def _attempt(self, ctx: RequestContext, candidates: list[Replica], send: Send) -> None:
         s = self.stages
         ctx.progress = "routing"
+        session_key = s.router.session_key(ctx) if s.affinity is not None else None
         if s.affinity is not None and ctx.attempts == 0:
-            await s.affinity.lookup(ctx)
+            await s.affinity.lookup(ctx, session_key)
         ranking = s.router.rank(ctx, candidates)
         ctx.progress = "queued"
         async with s.admission.acquire(ctx, ranking.replicas) as lease:
@@ -154,7 +155,7 @@ class Pipeline:
             ctx.attempts += 1
             s.router.on_routed(ctx, ranking, replica)
             if s.affinity is not None:
-                await s.affinity.remember(ctx, replica.name)
+                await s.affinity.remember(ctx, session_key, replica.name)
             try:
                 await s.forwarder.forward(ctx, replica, send)
             except UpstreamNeverReached as err:

@@ -3,8 +3,11 @@
 With a shared state store, the replica a session was routed to is kept in
 the store (`aff:{<hash of the session key>}`, expiring after the router's
 `index_ttl_s` without use), so its next turn lands on the same replica
-whichever instance receives it. One read per request that carries a session
-key (it also restarts the TTL), one write only when the session moves.
+whichever instance receives it. The key is the one routing follows: the
+client's, else a chat's implicit one (`gateway.scheduling.conversation`), so
+a conversation without a session header stays together across instances
+too. One read per request that has a key (it also restarts the TTL), one
+write only when the session moves.
 
 Best effort: when the store cannot answer, routing falls back to the
 instance's own memory of the session (the in-process tracker).
@@ -32,9 +35,9 @@ class SessionAffinity:
     def _key(session_key: str) -> str:
         return "aff:{" + xxhash.xxh3_128_hexdigest(session_key.encode()) + "}"
 
-    async def lookup(self, ctx: RequestContext) -> None:
-        """Set `ctx.routing.session_replica` from the shared store."""
-        key = ctx.session_key
+    async def lookup(self, ctx: RequestContext, key: str | None) -> None:
+        """Set `ctx.routing.session_replica` from the shared store (`key`: the
+        session key routing follows, the client's or an implicit one)."""
         if not key:
             return
         try:
@@ -44,9 +47,16 @@ class SessionAffinity:
             return
         ctx.routing.session_replica = found
 
-    async def remember(self, ctx: RequestContext, replica: str) -> None:
+    async def count(self) -> int:
+        """Sessions the shared map holds (a full scan: admin API only)."""
+        return await self._store.count_keys("aff:*")
+
+    async def replica_of(self, session_key: str) -> str | None:
+        """The session's replica, without restarting its TTL (admin API)."""
+        return await self._store.get_text(self._key(session_key))
+
+    async def remember(self, ctx: RequestContext, key: str | None, replica: str) -> None:
         """Record where the session went, when that is news."""
-        key = ctx.session_key
         if not key or ctx.routing.session_replica == replica:
             return
         try:

@@ -19,7 +19,26 @@ def _least_load(candidates: list[Replica]) -> list[Replica]:
     return sorted(candidates, key=lambda r: (r.in_flight / r.config.weight, -r.config.weight))
 
 
-class RoundRobinRouter:
+class _Stateless:
+    """A baseline keeps nothing per replica or session."""
+
+    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
+        return None
+
+    def forget_replica(self, name: str) -> None:
+        return None
+
+    def session_replica(self, key: str) -> str | None:
+        return None
+
+    def session_key(self, ctx: RequestContext) -> str | None:
+        return ctx.session_key
+
+    def session_count(self) -> int:
+        return 0
+
+
+class RoundRobinRouter(_Stateless):
     def __init__(self) -> None:
         self._counter = itertools.count()
 
@@ -29,21 +48,15 @@ class RoundRobinRouter:
         start = next(self._counter) % len(candidates)
         return Ranking(candidates[start:] + candidates[:start])
 
-    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
-        return None
 
-
-class LeastLoadRouter:
+class LeastLoadRouter(_Stateless):
     """Fewest in-flight requests per unit weight first; ties by weight, then config order."""
 
     def rank(self, ctx: RequestContext, candidates: list[Replica]) -> Ranking:
         return Ranking(_least_load(candidates))
 
-    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
-        return None
 
-
-class SessionHashRouter:
+class SessionHashRouter(_Stateless):
     def __init__(self, load_factor: float) -> None:
         self._factor = load_factor
 
@@ -54,6 +67,3 @@ class SessionHashRouter:
         loads = [float(r.in_flight) for r in candidates]
         first = bounded_load_choice(key, candidates, loads, self._factor)
         return Ranking([first] + [r for r in _least_load(candidates) if r is not first])
-
-    def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
-        return None

@@ -1,6 +1,6 @@
 """Per-request facts computed once and shared by every plugin of a profile:
-prefix blocks, matched tokens per replica, load views, hot spots, the
-session's target replica and the tie-break key."""
+prefix blocks, matched tokens per replica, load views (prefill and decode),
+hot spots, the session's target replica and the tie-break key."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.config.scheduling import DecodeConfig
+from gateway.scheduling.decode import DecodeLoad, cost_s, crowded, step_work
 from gateway.scheduling.engine_view import EngineView
 from gateway.scheduling.prefix import PrefixBlocks
 
@@ -38,6 +40,7 @@ class Load:
     capacity_tokens: int
     prefill_rate: float
     engine: EngineView
+    decode: DecodeLoad = DecodeLoad()
 
     @property
     def kv_fraction(self) -> float:
@@ -54,6 +57,11 @@ class Cycle:
     hot: frozenset[str] = frozenset()
     session_target: str | None = None
     tie_key: str = ""
+    #: the session key routing uses: the client's, else the implicit one (or None)
+    session_key: str | None = None
+    decode_cfg: DecodeConfig = DecodeConfig()
+    #: this request's output counted in its decode cost (`DecodeConfig.output_tokens` at most)
+    output_tokens: int = 0
     weight_total: float = 1.0
     notes: dict[str, object] = field(default_factory=dict)
 
@@ -79,6 +87,22 @@ class Cycle:
     def load(self, replica: Replica) -> Load:
         return self.loads[replica.name]
 
+    def crowded_for_new_session(self, factor: float) -> frozenset[str]:
+        """Replicas running more than their share of sequences (`decode.crowded`)
+        whose cached prefix of this prompt is only the shared opening (system
+        prompt, tools): a new session loses affinity to them, as if hot. A
+        match reaching into the conversation's own messages keeps it."""
+        over = crowded(((name, load.decode) for name, load in self.loads.items()), factor)
+        shared_blocks = self.blocks.shared_bytes // self.blocks.block_bytes + 1
+        return frozenset(n for n in over if self.matched_blocks.get(n, 0) <= shared_blocks)
+
+    def cost_s(self, replica: Replica) -> float:
+        """Estimated seconds to the first token plus the delay the replica's
+        running decodes add to this request's own (`gateway.scheduling.decode`)."""
+        load = self.loads[replica.name]
+        prefill = load.backlog_tokens + self.uncached_tokens(replica)
+        return cost_s(load.decode, self.decode_cfg, prefill, self.output_tokens, load.prefill_rate)
+
 
 @dataclass(slots=True)
 class Ranking:
@@ -99,17 +123,28 @@ class Threshold:
     ratio: float
 
 
+@dataclass(frozen=True, slots=True)
+class HotThresholds:
+    backlog: Threshold
+    in_flight: Threshold
+    kv: Threshold
+    #: decode work per step (`decode.step_work`, prefill-token equivalents)
+    decode: Threshold
+
+
 def find_hot(
-    loads: Sequence[tuple[str, Load]], backlog: Threshold, in_flight: Threshold, kv: Threshold
+    loads: Sequence[tuple[str, Load]], limits: HotThresholds, decode_cfg: DecodeConfig
 ) -> frozenset[str]:
-    """Replicas whose queued prefill work, requests in flight or KV use is far
-    above the others'. A hot replica loses cache and session affinity."""
+    """Replicas whose queued prefill work, requests in flight, KV use or decode
+    work per step is far above the others'. A hot replica loses cache and
+    session affinity."""
     if len(loads) < 2:
         return frozenset()
     measures = (
-        (backlog, [float(load.backlog_tokens) for _, load in loads]),
-        (in_flight, [float(load.in_flight) for _, load in loads]),
-        (kv, [load.kv_fraction for _, load in loads]),
+        (limits.backlog, [float(load.backlog_tokens) for _, load in loads]),
+        (limits.in_flight, [float(load.in_flight) for _, load in loads]),
+        (limits.kv, [load.kv_fraction for _, load in loads]),
+        (limits.decode, [step_work(load.decode, decode_cfg) for _, load in loads]),
     )
     hot: set[str] = set()
     for threshold, values in measures:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from gateway.config.scheduling import SchedulingConfig
 from gateway.replicas.registry import Replica
 
 
@@ -19,8 +20,15 @@ class EngineView(NamedTuple):
     backlog_tokens: int | None = None
     prefill_rate: float | None = None
     waiting: int | None = None
+    #: KV tokens in use per the engine's own metrics (not the ledger's leases)
+    engine_used_tokens: int | None = None
+    #: sequences the engine runs now (vLLM `num_requests_running`, llama.cpp busy slots)
+    running: int | None = None
+    #: sequences it may run at once: llama.cpp slots, or the admission bound on in-flight
+    max_seqs: int | None = None
     #: llama.cpp: busy flag per slot id, None when unknown (the live state does
-    #: not list slots today: pinning then uses `scheduling.llamacpp_slots`).
+    #: not list slots today: pinning then uses the slot count `max_seqs`, else
+    #: `scheduling.llamacpp_slots`).
     slots_busy: tuple[bool, ...] | None = None
 
 
@@ -39,10 +47,26 @@ def engine_view(replica: Replica) -> EngineView:
     rate = s.prefill_tokens_per_s
     waiting = s.engine_waiting
     backlog = s.prefill_backlog_tokens
+    running = s.engine_running
+    max_seqs = s.max_in_flight
     return EngineView(
         capacity_tokens=capacity_tokens(replica),
         used_tokens=used if used >= 0 else None,
         backlog_tokens=backlog if backlog >= 0 else None,
         prefill_rate=rate if rate > 0 else None,
         waiting=waiting if waiting is not None and waiting >= 0 else None,
+        engine_used_tokens=s.used_tokens
+        if s.used_tokens is not None and s.used_tokens >= 0
+        else None,
+        running=running if running is not None and running >= 0 else None,
+        max_seqs=max_seqs if max_seqs is not None and max_seqs > 0 else None,
     )
+
+
+def max_seqs(replica: Replica, view: EngineView, cfg: SchedulingConfig) -> int:
+    """Sequences the replica runs at once: llama.cpp slots, vLLM `max_num_seqs`
+    (or the admission bound on its in-flight requests, when lower)."""
+    limit = cfg.decode.max_num_seqs
+    if replica.kind == "llamacpp":
+        limit = view.max_seqs or cfg.llamacpp_slots or limit
+    return min(limit, view.max_seqs or limit)

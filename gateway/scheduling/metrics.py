@@ -43,6 +43,18 @@ class SchedulingMetrics:
         self.matched_tokens_by = Children(self.matched_tokens)
         self._routed: dict[tuple[str, str], tuple[Cell, Cell, Cell]] = {}
 
+    def forget_replica(self, replica: str) -> None:
+        """Drop the series of a replica that left the set."""
+        for counter, children, index in (
+            (self.decisions, self.decisions_by, 1),
+            (self.prompt_tokens, self.prompt_tokens_by, 0),
+            (self.matched_tokens, self.matched_tokens_by, 0),
+        ):
+            counter.remove_where("replica", replica)
+            children.forget_where(index, replica)
+        for key in [k for k in self._routed if k[1] == replica]:
+            del self._routed[key]
+
     def routed_to(self, policy: str, replica: str) -> tuple[Cell, Cell, Cell]:
         """The decision, prompt-token and matched-token counters of one route
         (one lookup per request instead of three)."""

@@ -33,7 +33,8 @@ class MaxScoreParams:
 
 class MaxScorePicker:
     """Highest total score first; ties broken by rendezvous hash of the
-    session key (else of the prompt's first blocks), so gateways agree."""
+    session key (the client's or the implicit one; else the request id), so
+    gateways agree on a session and equal requests spread."""
 
     kind: ClassVar[str] = "picker"
 

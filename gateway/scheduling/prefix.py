@@ -34,8 +34,13 @@ class PrefixBlocks(NamedTuple):
     hashes: tuple[int, ...]
     prompt_bytes: int
     block_bytes: int
-    #: Hash of the prompt's first bytes (up to 4 blocks): a tie-break key for short prompts too.
-    head: int = 0
+    #: The implicit session key of a chat without one (`conversation.py`), else None.
+    conversation: str | None = None
+    #: The chat has messages after its first user message (a later turn).
+    follow_up: bool = False
+    #: Bytes before the chat's first user message (tools, system prompt), shared by
+    #: many conversations (`conversation.py`); 0 when unknown.
+    shared_bytes: int = 0
 
     @property
     def hashed_bytes(self) -> int:
@@ -70,8 +75,7 @@ def prefix_blocks(
 ) -> PrefixBlocks:
     data = render(parts)
     seed = seed_of(model, cache_salt)
-    head = xxhash.xxh3_64_intdigest(memoryview(data)[: 4 * block_bytes], seed)
-    return PrefixBlocks(chain_hashes(data, block_bytes, seed), len(data), block_bytes, head)
+    return PrefixBlocks(chain_hashes(data, block_bytes, seed), len(data), block_bytes)
 
 
 class PrefixIndex:

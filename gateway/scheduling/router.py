@@ -22,8 +22,18 @@ from gateway.config.scheduling import SchedulingConfig
 from gateway.ingress.protocol import prompt_parts
 from gateway.pipeline.context import RequestContext
 from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
-from gateway.scheduling.cycle import Cycle, Load, Ranking, Threshold, find_hot, indexed_tokens
-from gateway.scheduling.engine_view import capacity_tokens, engine_view
+from gateway.scheduling.conversation import opening
+from gateway.scheduling.cycle import (
+    Cycle,
+    HotThresholds,
+    Load,
+    Ranking,
+    Threshold,
+    find_hot,
+    indexed_tokens,
+)
+from gateway.scheduling.decode import DecodeLoad
+from gateway.scheduling.engine_view import capacity_tokens, engine_view, max_seqs
 from gateway.scheduling.hashing import bounded_load_choice
 from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
 from gateway.scheduling.metrics import SchedulingMetrics
@@ -51,6 +61,22 @@ class Router(Protocol):
         """Learn from the final decision (e.g. the prefix index)."""
         ...
 
+    def forget_replica(self, name: str) -> None:
+        """Drop what is kept about a replica that left the set."""
+        ...
+
+    def session_replica(self, key: str) -> str | None:
+        """Where this instance last routed the session (None: not remembered)."""
+        ...
+
+    def session_count(self) -> int:
+        """Sessions this instance remembers a replica for."""
+        ...
+
+    def session_key(self, ctx: RequestContext) -> str | None:
+        """The session key routing follows: the client's, else an implicit one (or None)."""
+        ...
+
 
 class SchedulingRouter:
     def __init__(
@@ -67,6 +93,13 @@ class SchedulingRouter:
         self._metrics = metrics
         self._slots = SlotPinner(cfg.llamacpp_slots)
         self._indexes: dict[str, PrefixIndex] = {}
+        h = cfg.hotspot
+        self._hot = HotThresholds(
+            Threshold(h.backlog_tokens, h.backlog_ratio),
+            Threshold(h.in_flight, h.in_flight_ratio),
+            Threshold(h.kv_fraction, h.kv_ratio),
+            Threshold(h.decode_tokens, h.decode_ratio),
+        )
 
     def rank(self, ctx: RequestContext, candidates: list[Replica]) -> Ranking:
         """Also sets `ctx.routing.cached_tokens`: the prompt tokens the prefix
@@ -112,15 +145,29 @@ class SchedulingRouter:
             )
         if blocks.hashes:  # a prompt shorter than one block has nothing to index
             self.index(replica, capacity_tokens(replica)).insert(blocks.hashes)
-        slot = self._slots.apply(ctx, replica, self._tracker)
+        key = self.session_key(ctx)
+        slot = self._slots.apply(ctx, replica, self._tracker, key)
         kv = prompt_tokens + (ctx.output_limit or 0) * ctx.choices
-        self._tracker.add(Routed(ctx, replica.name, kv, prompt_tokens - matched, slot))
-        if ctx.session_key:
-            self._tracker.remember_session(ctx.session_key, replica.name)
+        routed = Routed(ctx, replica.name, kv, prompt_tokens - matched, slot, prompt_tokens)
+        self._tracker.add(routed)
+        if key:
+            self._tracker.remember_session(key, replica.name)
         decisions, prompt, hits = self._metrics.routed_to(self.profile.name, replica.name)
         decisions.inc()
         prompt.inc(prompt_tokens)
         hits.inc(matched)
+
+    def forget_replica(self, name: str) -> None:
+        self._indexes.pop(name, None)
+        self._slots.forget(name)
+        self._tracker.forget_replica(name)
+        self._metrics.forget_replica(name)
+
+    def session_replica(self, key: str) -> str | None:
+        return self._tracker.session_replica(key)
+
+    def session_count(self) -> int:
+        return self._tracker.session_count()
 
     def index(self, replica: Replica, capacity_tokens: int | None) -> PrefixIndex:
         cfg = self._cfg
@@ -142,26 +189,36 @@ class SchedulingRouter:
             r.name: self.index(r, loads[r.name].capacity_tokens).matched_blocks(blocks.hashes)
             for r in candidates
         }
-        h = self._cfg.hotspot
-        hot = find_hot(
-            list(loads.items()),
-            Threshold(h.backlog_tokens, h.backlog_ratio),
-            Threshold(h.in_flight, h.in_flight_ratio),
-            Threshold(h.kv_fraction, h.kv_ratio),
-        )
+        decode = self._cfg.decode
+        key = self.session_key(ctx)
         cycle = Cycle(
             ctx,
             blocks,
             prompt_tokens,
             loads,
             matched,
-            hot,
-            tie_key=ctx.session_key or f"{blocks.head:x}",
+            find_hot(list(loads.items()), self._hot, decode),
+            # Equal costs spread: never a tie key that many requests share (a prefix).
+            tie_key=key or ctx.request_id,
+            session_key=key,
+            decode_cfg=decode,
+            output_tokens=min(ctx.output_limit or decode.output_tokens, decode.output_tokens),
         )
-        cycle.session_target = self._session_target(
-            ctx.session_key, candidates, ctx.routing.session_replica
-        )
+        explicit = bool(ctx.session_key)
+        if explicit or blocks.follow_up:  # an implicit key: later turns follow it
+            cycle.session_target = self._session_target(
+                key, candidates, ctx.routing.session_replica, place_new=explicit
+            )
+        if key and self._is_new(key, ctx):
+            cycle.hot |= cycle.crowded_for_new_session(self._cfg.session_load_factor)
         return cycle
+
+    def _is_new(self, key: str, ctx: RequestContext) -> bool:
+        return ctx.routing.session_replica is None and self._tracker.session_replica(key) is None
+
+    def session_key(self, ctx: RequestContext) -> str | None:
+        """The client's session key, else (`implicit_sessions`) the conversation's."""
+        return ctx.session_key or self.blocks(ctx).conversation
 
     def prompt_tokens(self, ctx: RequestContext, blocks: PrefixBlocks) -> int:
         return max(0, ctx.prompt_tokens or round(blocks.prompt_bytes / self._cfg.chars_per_token))
@@ -178,33 +235,59 @@ class SchedulingRouter:
             salt if isinstance(salt, str) else None,
             self._cfg.block_bytes,
         )
+        chat = opening(req)
+        if chat is not None:
+            implicit = self._cfg.implicit_sessions and not ctx.session_key
+            key = chat.key if implicit else None
+            blocks = blocks._replace(
+                conversation=key, shared_bytes=chat.shared_bytes, follow_up=chat.follow_up
+            )
         ctx.routing.prefix = blocks
         return blocks
 
     def _load(self, replica: Replica) -> Load:
         view = engine_view(replica)
         name = replica.name
-        prefilling = sum(1 for r in self._tracker.outstanding(name) if r.prefilling)
+        prefilling, backlog, decoding, attended = self._tracker.loads(name)
+        kv_used = max(view.used_tokens or 0, self._tracker.kv_tokens(name))
         return Load(
             in_flight=replica.in_flight,
             waiting=max(view.waiting or 0, prefilling),
-            backlog_tokens=max(view.backlog_tokens or 0, self._tracker.backlog_tokens(name)),
-            kv_used_tokens=max(view.used_tokens or 0, self._tracker.kv_tokens(name)),
+            backlog_tokens=max(view.backlog_tokens or 0, backlog),
+            kv_used_tokens=kv_used,
             capacity_tokens=view.capacity_tokens or self._cfg.default_capacity_tokens,
             prefill_rate=view.prefill_rate or self._cfg.default_prefill_rate,
             engine=view,
+            decode=DecodeLoad(
+                running=max(view.running or 0, decoding),
+                # the engine's KV in use is what its running sequences attend to
+                attended_tokens=max(view.engine_used_tokens or 0, attended),
+                step_budget=self._cfg.decode.max_num_batched_tokens,
+                max_seqs=max_seqs(replica, view, self._cfg),
+                sequences=max((view.running or 0) + (view.waiting or 0), prefilling + decoding),
+            ),
         )
 
     def _session_target(
-        self, key: str | None, candidates: list[Replica], shared: str | None = None
+        self,
+        key: str | None,
+        candidates: list[Replica],
+        shared: str | None = None,
+        place_new: bool = True,
     ) -> str | None:
         """The session's replica: where the shared store (several instances) or
-        this instance last sent it, else a bounded-load hash of its key."""
+        this instance last sent it, else a bounded-load hash of its key. An
+        implicit key (`place_new` false) is only followed: a conversation's
+        first turn goes where its cost is least (a prompt that is one growing
+        user message gets a new key every turn, and the prefix index leads it);
+        `cycle` asks only for a later turn's."""
         if not key or not candidates:
             return None
         known = shared or self._tracker.session_replica(key)
         if known is not None and any(r.name == known for r in candidates):
             return known
+        if not place_new:
+            return None
         counts = self._tracker.session_counts()
         loads = [float(counts.get(r.name, 0)) for r in candidates]
         return bounded_load_choice(key, candidates, loads, self._cfg.session_load_factor).name

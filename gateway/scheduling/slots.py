@@ -1,4 +1,5 @@
-"""llama.cpp slot pinning: one session keeps one slot of one replica.
+"""llama.cpp slot pinning: one session keeps one slot of one replica (a
+session: the client's key, else the conversation's implicit key).
 
 llama.cpp reuses a slot's prompt cache only when the request lands in that
 slot. While the slot assigned to a session is free (no request of ours runs
@@ -27,19 +28,22 @@ class SlotPinner:
         self._default = default_slots
         self._owners: dict[str, OrderedDict[str, int]] = {}  # replica → session → slot, LRU first
 
-    def apply(self, ctx: RequestContext, replica: Replica, tracker: Tracker) -> int | None:
-        """Set (or clear) the gateway's `id_slot` in the body; return the slot set."""
+    def apply(
+        self, ctx: RequestContext, replica: Replica, tracker: Tracker, key: str | None
+    ) -> int | None:
+        """Set (or clear) the gateway's `id_slot` in the body for the session
+        `key` (the client's or the implicit one); return the slot set."""
         assert ctx.request is not None
         body = ctx.request.body
         routing = ctx.routing
         if routing.pinned_slot is not None:
             body.pop("id_slot", None)  # an earlier attempt on another replica
             routing.pinned_slot = None
-        key = ctx.session_key
         if replica.kind != "llamacpp" or not key or "id_slot" in body:
             return None
         view = engine_view(replica)
-        count = len(view.slots_busy) if view.slots_busy else self._default
+        # the engine's slot list, else its slot count (`/props` total_slots), else config
+        count = len(view.slots_busy) if view.slots_busy else (view.max_seqs or self._default)
         if not count:
             return None
         busy = {
@@ -53,6 +57,9 @@ class SlotPinner:
             body["id_slot"] = slot
             routing.pinned_slot = slot
         return slot
+
+    def forget(self, replica: str) -> None:
+        self._owners.pop(replica, None)
 
     def _choose(self, replica: str, key: str, count: int, busy: set[int]) -> int | None:
         owners = self._owners.setdefault(replica, OrderedDict())

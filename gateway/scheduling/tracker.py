@@ -3,7 +3,8 @@ and the replica each session went to last.
 
 A routed request stays outstanding on its replica until the pipeline
 settles it (`ctx.finished_at`) or retries it elsewhere (`ctx.replica`
-changes); it counts as queued prefill work until its first byte was sent.
+changes); it counts as queued prefill work until its first byte was sent,
+then as a running decode attending to its prompt's tokens.
 Entries are pruned lazily whenever a replica's list is read, so the lists
 are bounded by the requests in flight. This view complements the engine's
 (`state.engine_view`), which may lag or be absent.
@@ -27,15 +28,13 @@ class Routed:
     kv_tokens: int
     uncached_tokens: int
     slot: int | None = None
+    #: the prompt's tokens: the KV its decode steps attend to
+    prompt_tokens: int = 0
 
     @property
     def active(self) -> bool:
         r = self.ctx.replica
         return self.ctx.finished_at is None and r is not None and r.name == self.replica
-
-    @property
-    def prefilling(self) -> bool:
-        return self.active and self.ctx.first_byte_at is None
 
 
 _PRUNE_MIN = 64
@@ -71,11 +70,21 @@ class Tracker:
             self._routed[replica] = live
         return live
 
-    def backlog_tokens(self, replica: str) -> int:
-        return sum(r.uncached_tokens for r in self.outstanding(replica) if r.prefilling)
-
     def kv_tokens(self, replica: str) -> int:
         return sum(r.kv_tokens for r in self.outstanding(replica))
+
+    def loads(self, replica: str) -> tuple[int, int, int, int]:
+        """One pass over the replica's outstanding requests: (prefilling, queued
+        prefill tokens, decoding, prompt tokens the decoding ones attend to)."""
+        prefilling = backlog = decoding = attended = 0
+        for r in self.outstanding(replica):
+            if r.ctx.first_byte_at is None:
+                prefilling += 1
+                backlog += r.uncached_tokens
+            else:
+                decoding += 1
+                attended += r.prompt_tokens
+        return prefilling, backlog, decoding, attended
 
     def session_replica(self, key: str) -> str | None:
         entry = self._sessions.get(key)
@@ -85,6 +94,16 @@ class Tracker:
             self._forget(key)
             return None
         return entry[0]
+
+    def forget_replica(self, replica: str) -> None:
+        """A replica that left the set: its outstanding list goes (its sessions
+        expire as usual; routing skips a remembered replica that is gone)."""
+        self._routed.pop(replica, None)
+        self._prune_at.pop(replica, None)
+
+    def session_count(self) -> int:
+        """Sessions remembered (expired ones not yet pruned included)."""
+        return len(self._sessions)
 
     def session_counts(self) -> Counter[str]:
         """Live sessions per replica (bounded-load placement of new sessions)."""

@@ -22,13 +22,32 @@ def validate(cfg: SchedulingConfig, path: str = "scheduling") -> None:
     """Raise ConfigError (one problem under `path`, as decoding reports) unless `cfg` is valid."""
     problems = check(cfg)
     if problems:
-        raise ConfigError([f"{path}: {'; '.join(problems)}"])
+        raise ConfigError([f"{path}.{p}" for p in problems])
 
 
 def check(cfg: SchedulingConfig) -> list[str]:
     """Every problem of `cfg`'s plugins, profiles and policy, each `key.path: message`."""
     where = "plugins" if cfg.plugins else "plugins (built-in)"
-    return check_plugins(cfg.effective_plugins(), where) + check_profiles(cfg)
+    return check_plugins(cfg.effective_plugins(), where) + _builtin_profiles_collapsed(
+        cfg, check_profiles(cfg)
+    )
+
+
+def _builtin_profiles_collapsed(cfg: SchedulingConfig, problems: list[str]) -> list[str]:
+    """Own `plugins` without own `profiles`: the built-in profiles then name
+    plugins the list lacks. One problem for that, not one per reference."""
+    if cfg.profiles or not cfg.plugins:
+        return problems
+    missing = sorted({p.split("'")[1] for p in problems if "no plugin named" in p})
+    if not missing:
+        return problems
+    rest = [p for p in problems if "no plugin named" not in p]
+    return [
+        "profiles: not set, so the built-in profiles apply, and they use plugins that "
+        f"`plugins` does not define ({', '.join(missing)}): define `profiles` too, "
+        "or add those plugins",
+        *rest,
+    ]
 
 
 def check_plugins(plugins: tuple[PluginSpec, ...], where: str) -> list[str]:

@@ -7,6 +7,13 @@ loosely calibrated to an 8B model in bf16 on one H100-class GPU:
 - prefill ~16k tokens/s (`prefill_token_s` = 62.5 us per uncached token),
 - a decode step of ~15 ms plus 0.3 ms per sequence in the batch
   (~25 ms at batch 32, ~55 ms at batch 128),
+- plus 50 ns per KV token each sequence in the step attends to
+  (`attention_token_s`). Attention reads every sequence's whole context
+  from HBM each step: Llama-3-8B (32 layers, 8 KV heads of 128, bf16)
+  keeps 128 KiB of K and V per token, and an H100 SXM streams ~2.7 TB/s
+  of its 3.35 TB/s peak in paged-attention kernels: 131072 B / 2.7e12 B/s
+  ≈ 49 ns. So 32 sequences of 8k tokens add ~13 ms a step, and one of
+  100k tokens 5 ms: long contexts and many streams slow every step,
 - a KV pool of 262,144 tokens (vLLM `num_gpu_blocks` x `block_size`;
   llama.cpp `--ctx-size`).
 
@@ -68,10 +75,13 @@ class SimConfig:
     #: Wall-clock speed-up: every simulated duration is divided by it.
     speed: float = 1.0
     seed: int = 0
-    # --- time model: step = base + prefill tokens * a + decoding seqs * b ------
+    # --- time model: base + prefill tokens * a + decoding seqs * b + attended KV * c
     step_base_s: float = 0.015
     prefill_token_s: float = 0.0000625
     decode_seq_s: float = 0.0003
+    #: Per KV token each sequence of a step attends to (its context so far
+    #: plus the step's new tokens); 0 turns the attention term off.
+    attention_token_s: float = 0.00000005
     # --- natural output length when the request sets no cap -------------------
     output_len_min: int = 16
     output_len_max: int = 256
@@ -108,6 +118,7 @@ _NON_NEGATIVE_FLOATS = (
     "step_base_s",
     "prefill_token_s",
     "decode_seq_s",
+    "attention_token_s",
     "slot_prompt_similarity",
 )
 _BOOLS = (

@@ -7,9 +7,14 @@ full blocks enter the prefix cache, finished prefills and decodes sample a
 token, finished requests release their memory.
 
 Time model: `step = step_base_s + prefill_token_s * prefill tokens +
-decode_seq_s * decoding sequences`. Approximations: attention cost does not
-grow with context length, and a prefill chunk costs the same whether it
-shares the step with decodes or not.
+decode_seq_s * decoding sequences + attention_token_s * attended KV tokens`,
+where the attended KV tokens are, summed over the step's sequences, each
+one's context so far plus its new tokens: attention reads every sequence's
+whole KV each step, so long contexts and many streams slow every step (see
+`SimConfig` for the default's source). Approximations: attention is priced
+by the KV it reads (the memory-bound decode regime); the quadratic compute
+of a long prefill chunk over a long context is not modelled, and a prefill
+chunk costs the same whether it shares the step with decodes or not.
 
 Clock: see `SimClock`. While busy, simulated time is the sum of modelled
 step times; while idle it follows wall time x `speed`. Wall-clock times
@@ -229,7 +234,13 @@ class Engine:
         cfg = self.core.config
         prefill = sum(w.n for w in plan if not w.decode)
         decoding = sum(1 for w in plan if w.decode)
-        return cfg.step_base_s + cfg.prefill_token_s * prefill + cfg.decode_seq_s * decoding
+        attended = sum(w.req.num_computed + w.n for w in plan)
+        return (
+            cfg.step_base_s
+            + cfg.prefill_token_s * prefill
+            + cfg.decode_seq_s * decoding
+            + cfg.attention_token_s * attended
+        )
 
     async def run(self) -> None:
         while True:

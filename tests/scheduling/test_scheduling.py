@@ -156,7 +156,7 @@ def test_default_config_is_valid_and_uses_default_profile() -> None:
         ),
         ({"policy": "fastest"}, "policy: unknown profile or baseline 'fastest'"),
         ({"block_bytes": 0}, "block_bytes: must be > 0"),
-        ({"hotspot": {"kv_fraction": 2.0}}, "scheduling.hotspot: kv_fraction must be in (0, 1]"),
+        ({"hotspot": {"kv_fraction": 2.0}}, "scheduling.hotspot.kv_fraction: must be in (0, 1]"),
     ],
 )
 def test_config_errors_name_the_key_path(sched: dict[str, Any], expected: str) -> None:

@@ -23,6 +23,7 @@ def test_defaults_are_valid() -> None:
         ({"kv_tokens": 0}, "kv_tokens"),
         ({"block_size": True}, "block_size"),
         ({"step_base_s": -1.0}, "step_base_s"),
+        ({"attention_token_s": -1e-9}, "attention_token_s"),
         ({"scheduling_policy": "lifo"}, "scheduling_policy"),
         ({"max_num_queued_reqs": 0}, "max_num_queued_reqs"),
         ({"api_key": ""}, "api_key"),

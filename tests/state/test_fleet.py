@@ -8,6 +8,7 @@ the same simulated vLLM replicas and a real `redis-server` of its own
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ import pytest
 import redis
 import xxhash
 
+from gateway.ingress.protocol import parse_request
+from gateway.scheduling.conversation import opening
 from gateway.sim import SimCluster, SimConfig
 from tests.fleet import GatewayProcess
 from tests.redisserver import RedisServer, redis_server
@@ -229,6 +232,40 @@ def test_instances_follow_the_shared_session_map(tmp_path: Path, policies: Path)
         for turn, gw in enumerate([gws[1], gws[0], gws[1]]):
             r = client.post(gw.url + url, json=chat(20, 5, seed=2 + turn), headers=headers)
             assert r.headers["x-gateway-replica"] == elsewhere
+
+
+def test_a_conversation_without_a_session_header_follows_the_shared_map(
+    tmp_path: Path, policies: Path
+) -> None:
+    """A chat's implicit session key (its opening's hash) goes through the
+    shared map like a client's: the later turns of a short conversation go
+    where the map says, whichever instance gets them."""
+    with fleet(3, tmp_path, policies) as (_sims, server, gws), httpx.Client(timeout=30) as client:
+        url = "/v1/chat/completions"
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is a prefix cache?"},
+        ]
+        body: dict[str, Any] = {"model": "sim-model", "max_tokens": 5, "ignore_eos": True}
+        first = client.post(gws[0].url + url, json={**body, "messages": messages})
+        assert first.status_code == 200, first.text
+        chat_open = opening(
+            parse_request("chat", json.dumps({**body, "messages": messages}).encode())
+        )
+        assert chat_open is not None
+        key = "gw:aff:{" + xxhash.xxh3_128_hexdigest(chat_open.key.encode()) + "}"
+        store = redis.Redis(port=server.port)
+        assert store.get(key) == first.headers["x-gateway-replica"].encode()
+        elsewhere = next(f"sim-{i}" for i in range(3) if f"sim-{i}" != store.get(key).decode())
+        store.set(key, elsewhere, px=60_000)  # as if another instance had moved it
+        for turn, gw in enumerate([gws[1], gws[0], gws[1]]):
+            messages += [
+                {"role": "assistant", "content": f"answer {turn}"},
+                {"role": "user", "content": f"follow-up {turn}"},
+            ]
+            r = client.post(gw.url + url, json={**body, "messages": messages})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-gateway-replica"] == elsewhere, turn
 
 
 def test_a_killed_instances_leases_expire_and_the_other_keeps_serving(

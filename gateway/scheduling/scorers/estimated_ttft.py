@@ -1,6 +1,12 @@
-"""`estimated-ttft`: time to first token in token units.
+"""`estimated-ttft`: seconds to the first token, and the decode load the request joins.
 
-    ttft(r) = (prefill work queued on r + this request's uncached tokens on r) / prefill rate of r
+    cost(r) = ttft(r) + join(r)     (`gateway.scheduling.decode`, `Cycle.cost_s`)
+
+`ttft` counts the prefill queued on r and this request's uncached tokens
+there, in chunks that share each step's token budget with r's running
+decodes, each step slowed by those decodes; `join` is what the running
+decodes add to the request's own output tokens. Without decode load this is
+`(queued prefill + uncached tokens) / prefill rate`.
 
 The replica with the least estimate scores 1, the others `(best + s) / (t + s)`
 where `s = smoothing_tokens / mean rate` keeps tiny differences from mattering.
@@ -30,11 +36,6 @@ class Params:
             raise ValueError(f"smoothing_tokens must be > 0, got {self.smoothing_tokens}")
 
 
-def estimate_s(cycle: Cycle, replica: Replica) -> float:
-    load = cycle.load(replica)
-    return (load.backlog_tokens + cycle.uncached_tokens(replica)) / load.prefill_rate
-
-
 class EstimatedTTFTScorer:
     kind: ClassVar[str] = "scorer"
 
@@ -44,7 +45,7 @@ class EstimatedTTFTScorer:
     def score(self, cycle: Cycle, candidates: Sequence[Replica]) -> list[float]:
         if not candidates:
             return []
-        estimates = [estimate_s(cycle, r) for r in candidates]
+        estimates = [cycle.cost_s(r) for r in candidates]
         mean_rate = sum(cycle.load(r).prefill_rate for r in candidates) / len(candidates)
         return ratio_to_best(estimates, self._smoothing / mean_rate)
 
