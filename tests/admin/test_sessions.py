@@ -46,7 +46,8 @@ def _turns(gw: RunningGateway) -> dict[str, str]:
                 extra_headers={"X-Task": "agent", "x-session-id": key},
             )
             served[key] = resp.headers["x-gateway-replica"]
-    # A request without a session key is in no table.
+    # A request without a session key is in no budget table; its implicit
+    # conversation key (gateway/scheduling/conversation.py) is an affinity.
     client.chat.completions.create(
         model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
@@ -57,7 +58,7 @@ def _check_table(gw: RunningGateway, served: dict[str, str], scope: str) -> None
     table = httpx.get(gw.admin_url + "/admin/sessions", timeout=10).json()
     assert table["budgets"] == 3 and table["affinity_scope"] == scope
     if scope == "shared":
-        assert table["affinity"] == 3
+        assert table["affinity"] == 4  # the three keys and the unkeyed chat's implicit one
     else:  # the router may also remember the unkeyed conversation (implicit sessions)
         assert table["affinity"] in (3, 4)
     for key, replica in served.items():
