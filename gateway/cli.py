@@ -24,6 +24,7 @@ from gateway.http.serving import (
     run,
     serve_all,
     tune_gc,
+    tune_switch_interval,
 )
 from gateway.observability.logging import configure_logging
 
@@ -186,6 +187,7 @@ async def _serve_reloading(
     with contextlib.suppress(NotImplementedError, AttributeError):  # no SIGHUP on Windows
         loop.add_signal_handler(signal.SIGHUP, reload)
     tune_gc()
+    tune_switch_interval()
     await serve_all(listeners, log_level=log_level, on_stop=gw.drain, sockets=sockets)
 
 
