@@ -27,9 +27,11 @@ from gateway.pipeline.context import Parsed, RequestContext
 SESSION_HEADERS = ("x-session-id", "session_id", "x-session-affinity")
 SESSION_BODY_FIELDS = ("prompt_cache_key", "user")
 
-#: Parsing a 256 KiB body costs ~0.3 ms (one string) to ~10 ms (tiny
-#: messages); a thread round trip ~0.1 ms (bench/results/loop_stall.md).
-OFFLOAD_BYTES = 256 * 1024
+#: Parsing a 1 MiB body on the loop costs ~1 ms (one string) to ~40 ms (tiny
+#: messages); below it an agent request (~400 KB) is parsed where it is used,
+#: without a thread hand-off and its GIL contention (bench/overhead.py:
+#: ~25 % less CPU per agent request than a 256 KiB threshold).
+OFFLOAD_BYTES = 1024 * 1024
 
 
 class Ingress:

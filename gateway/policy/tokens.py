@@ -46,9 +46,12 @@ log = logging.getLogger("gateway.policy.tokens")
 
 _HASHED_PART_MIN_CHARS = 48  # shorter parts (role markers, short turns) are their own cache key
 #: Requests whose body has this many bytes or more are counted in a worker
-#: thread (estimating 64 K characters takes ~5-10 ms, a thread round trip ~0.1 ms),
-#: and first checked against `TokenCounter.floor` (bench/results/loop_stall.md).
-OFFLOAD_BYTES = 64 * 1024
+#: thread and first checked against `TokenCounter.floor`
+#: (bench/results/loop_stall.md). Below it, counting stays on the loop:
+#: a 400 KB agent request's estimate mostly hits the per-part cache, and
+#: handing it to a thread cost ~25 % more CPU per agent request at
+#: concurrency 32-256 (bench/overhead.py, 64 KiB vs 1 MiB thresholds).
+OFFLOAD_BYTES = 1024 * 1024
 #: `estimate_text` charges at most this many characters per token (module docstring).
 ESTIMATE_CHARS_PER_TOKEN = 4
 

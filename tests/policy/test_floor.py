@@ -113,7 +113,7 @@ def test_floor_at_the_context_length_is_refused_naming_the_prompt() -> None:
 
 
 def test_large_prompt_is_estimated_off_the_loop_exactly_and_cached() -> None:
-    text = (WORDS * 2000)[: OFFLOAD_BYTES + 10]
+    text = (WORDS * (OFFLOAD_BYTES // len(WORDS) + 2))[: OFFLOAD_BYTES + 10]
     req = chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": text}])
     assert req.size >= OFFLOAD_BYTES
     cache = LRU(100)
