@@ -60,7 +60,7 @@ class ListenConfig:
             value = getattr(self, name)
             if not value > 0:  # (also refuses NaN)
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-        if self.server == "uvicorn":  # issue 19: one client could take it down
+        if self.server == "uvicorn":  # one client can take it down (gateway/http/README.md)
             raise ValueError(
                 "server: uvicorn is refused for the public listener: it has no request-head "
                 "size or time limit and no request-body timeout, so one client can take it "

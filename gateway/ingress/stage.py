@@ -3,7 +3,7 @@
 A body from `OFFLOAD_BYTES` on is parsed in a worker thread, so that one
 huge body does not hold the event loop (and every other request, health
 probes included) for the length of `json.loads` and the checks after it
-(issue 19: ~1 s for a 32 MiB body of tiny messages). The decoder's Python
+(~1 s for a 32 MiB body of tiny messages). The decoder's Python
 `object_pairs_hook` runs once per JSON object, so the worker gives the GIL
 back to the loop at least every switch interval (5 ms) on bodies of many
 objects; a body of one huge string is decoded by one C call that holds the

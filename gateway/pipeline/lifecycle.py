@@ -49,10 +49,6 @@ class Lifecycle:
     def leave(self, ctx: RequestContext) -> None:
         self._inflight.discard(ctx)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._inflight)
-
     async def drain(self, grace_s: float) -> int:
         """Refuse new requests, let those in flight finish for up to `grace_s`
         seconds, then interrupt the rest. Returns how many were interrupted."""

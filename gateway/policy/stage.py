@@ -275,7 +275,7 @@ def _check_floor(
 ) -> None:
     """Refuse, before it is counted, a prompt that is over the input limit or
     the context even at its counter's lower bound (`TokenCounter.floor`): the
-    answer the count would give, without the count (issue 19: estimating a
+    answer the count would give, without the count (estimating a
     30 MB prompt held the event loop for seconds)."""
     policy, param = contract.policy, _input_param(req)
     limit = policy.limits.max_input_tokens
