@@ -45,12 +45,10 @@ from gateway.replicas.registry import Replica
 log = logging.getLogger("gateway.policy.tokens")
 
 _HASHED_PART_MIN_CHARS = 48  # shorter parts (role markers, short turns) are their own cache key
-#: Requests whose body has this many bytes or more are counted in a worker
-#: thread and first checked against `TokenCounter.floor`
-#: (bench/results/loop_stall.md). Below it, counting stays on the loop:
-#: a 400 KB agent request's estimate mostly hits the per-part cache, and
-#: handing it to a thread cost ~25 % more CPU per agent request at
-#: concurrency 32-256 (bench/overhead.py, 64 KiB vs 1 MiB thresholds).
+#: Bodies this large or larger are counted in a worker thread, first checked
+#: against `TokenCounter.floor` (bench/results/loop_stall.md). A 400 KB agent
+#: request stays on the loop: its estimate mostly hits the per-part cache, and
+#: a thread hand-off cost ~25 % more CPU per agent request (bench/overhead.py).
 OFFLOAD_BYTES = 1024 * 1024
 #: `estimate_text` charges at most this many characters per token (module docstring).
 ESTIMATE_CHARS_PER_TOKEN = 4
