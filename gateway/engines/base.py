@@ -9,6 +9,20 @@ from gateway.errors import ContextLengthExceeded, GatewayError, UpstreamError
 
 _MAX_ERROR_TEXT = 2000
 
+#: Error `type`s of the OpenAI API that an engine's own type is kept as; any other
+#: (vLLM's exception class names such as "NotFoundError", llama.cpp's
+#: "unavailable_error") is replaced by the type of the HTTP status.
+OPENAI_ERROR_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "rate_limit_error",
+        "server_error",
+    }
+)
+
 
 class EngineAdapter(Protocol):
     kind: str
@@ -38,7 +52,7 @@ def _status_type(status: int) -> str:
         return "rate_limit_error"
     if 400 <= status < 500:
         return "invalid_request_error"
-    return "upstream_error"
+    return "server_error"
 
 
 def openai_error(
@@ -52,7 +66,7 @@ def openai_error(
     if code == "context_length_exceeded":
         return ContextLengthExceeded(message, param=param or "messages", status=status)
     err = UpstreamError(message, param=param, code=code, status=status)
-    err.type = type_ or _status_type(status)
+    err.type = type_ if type_ in OPENAI_ERROR_TYPES else _status_type(status)
     return err
 
 

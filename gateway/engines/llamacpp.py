@@ -40,9 +40,7 @@ class LlamaCppAdapter(GenericAdapter):
                 )
             return openai_error(status, message, code="context_length_exceeded")
         if isinstance(err, dict) and err.get("type") == "unavailable_error":
-            return openai_error(
-                status, str(err.get("message") or "unavailable"), type_="upstream_error"
-            )
+            return openai_error(status, str(err.get("message") or "unavailable"))
         return super().normalize_error(status, body)
 
     def set_output_limit(self, body: dict[str, Any], limit: int) -> None:
