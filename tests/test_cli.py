@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -11,15 +13,20 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import yaml
 
 from gateway import __version__
 from gateway.http.serving import free_port
 from gateway.sim.cluster import SimCluster
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
@@ -56,56 +63,121 @@ def _wait_ready(url: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"{url} not ready within {timeout}s")
 
 
-def test_demo_serves_openai_clients(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Demo:
+    port: int
+    admin: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """`gateway demo` as a user starts it (the shipped policies), on free ports."""
     port, admin, sim = free_port(), free_port(), free_port()
-    with _process(
-        [
-            "demo",
-            "--port",
-            str(port),
-            "--admin-port",
-            str(admin),
-            "--sim-port",
-            str(sim),
-            "--replicas",
-            "1",
-        ],
-        tmp_path / "demo.log",
-    ):
+    log = tmp_path_factory.mktemp("demo") / "demo.log"
+    argv = ["demo", "--port", str(port), "--admin-port", str(admin), "--sim-port", str(sim)]
+    with _process([*argv, "--replicas", "1"], log):
         _wait_ready(f"http://127.0.0.1:{port}")
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="demo", max_retries=0
+        yield Demo(port, admin, log)
+    assert "Traceback" not in log.read_text()  # Ctrl-C stops it cleanly
+
+
+def test_demo_serves_openai_clients(demo: Demo) -> None:
+    client = openai.OpenAI(base_url=demo.url + "/v1", api_key="demo", max_retries=0)
+    resp = client.chat.completions.create(
+        model="sim-model", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert resp.usage is not None and resp.usage.completion_tokens == 8
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="sim-model",
+            max_tokens=8,
+            stream=True,
+            messages=[{"role": "user", "content": "hi"}],
         )
-        resp = client.chat.completions.create(
-            model="sim-model", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        if c.choices
+    )
+    assert text.strip()
+    assert httpx.get(f"http://127.0.0.1:{demo.admin}/metrics", timeout=5).status_code == 200
+
+
+def _bash(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_demo_prints_snippets_that_run_as_pasted(demo: Demo) -> None:
+    out = demo.log.read_text()
+    assert "Task policies: " in out
+    snippet = out[out.index("curl -s") : out.index("\nPY\n") + 4]
+    if shutil.which("curl") is None:  # the SDK half alone
+        snippet = snippet[snippet.index(sys.executable) :]
+    ran = _bash(snippet)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.count(" ") >= 32, ran.stdout  # the curl answer and the streamed text
+    assert "error" not in ran.stdout
+
+
+def _readme_blocks(section: str, lang: str) -> list[str]:
+    """The fenced `lang` code blocks of one `## section` of README.md."""
+    text = (ROOT / "README.md").read_text()
+    body = text[text.index(f"\n## {section}\n") :]
+    body = body[: body.find("\n## ", 1)]
+    return re.findall(rf"^```{lang}\n(.*?)^```$", body, re.M | re.S)
+
+
+def test_readme_client_example_prints_what_it_promises(demo: Demo) -> None:
+    (example,) = _readme_blocks("Use it from an OpenAI client", "python")
+    code = example.replace("http://127.0.0.1:8080", demo.url)
+    assert code != example, "the example no longer points at the demo's port"
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    answer, usage = ran.stdout.splitlines()
+    assert len(answer.split()) >= 8, answer  # the simulated answer's words
+    promised = re.search(r"# (\d+ tokens from \S+)$", example, re.M)
+    assert promised and usage == promised.group(1)
+
+
+def test_readme_quick_start_curl_answers(demo: Demo) -> None:
+    if shutil.which("curl") is None:
+        assert not os.environ.get("CI"), "curl is missing in CI"
+        pytest.skip("NOT CHECKED: the README's curl example (curl is not installed)")
+    blocks = _readme_blocks("Quick start (no GPU needed)", "sh")
+    (example,) = [b for b in blocks if b.startswith("curl ")]
+    ran = _bash(example.replace("http://127.0.0.1:8080", demo.url))
+    assert ran.returncode == 0, ran.stderr
+    answer = json.loads(ran.stdout)
+    assert answer["usage"]["completion_tokens"] == 32, answer
+
+
+def _shipped_policies() -> list[dict[str, Any]]:
+    return [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "policies").glob("*.yaml"))]
+
+
+def test_every_shipped_policy_answers_in_the_demo_by_task_and_by_alias(demo: Demo) -> None:
+    client = openai.OpenAI(base_url=demo.url + "/v1", api_key="demo", max_retries=0)
+    asked: list[tuple[str, str | None]] = []
+    for policy in _shipped_policies():
+        asked.append(("sim-model", policy["name"]))
+        asked += [(alias, None) for alias in policy.get("match", {}).get("models", [])]
+    assert ("chat", None) in asked, "the shipped chat policy has the alias `chat`"
+    for model, task in asked:
+        resp = client.chat.completions.with_raw_response.create(
+            model=model,
+            max_tokens=4,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Task": task} if task else {},
         )
-        assert resp.usage is not None and resp.usage.completion_tokens == 8
-        text = "".join(
-            c.choices[0].delta.content or ""
-            for c in client.chat.completions.create(
-                model="sim-model",
-                max_tokens=8,
-                stream=True,
-                messages=[{"role": "user", "content": "hi"}],
-            )
-            if c.choices
-        )
-        assert text.strip()
-        assert httpx.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).status_code == 200
-        # The printed snippets run as pasted: the shipped chat policy answers X-Task: chat.
-        out = (tmp_path / "demo.log").read_text()
-        assert "Task policies: " in out
-        snippet = out[out.index("curl -s") : out.index("\nPY\n") + 4]
-        if shutil.which("curl") is None:  # the SDK half alone
-            snippet = snippet[snippet.index(sys.executable) :]
-        ran = subprocess.run(
-            ["bash", "-c", snippet], capture_output=True, text=True, timeout=60, check=False
-        )
-        assert ran.returncode == 0, ran.stderr
-        assert ran.stdout.count(" ") >= 32, ran.stdout  # the curl answer and the streamed text
-        assert "error" not in ran.stdout
-    log = (tmp_path / "demo.log").read_text()
-    assert "Traceback" not in log  # Ctrl-C stops it cleanly
+        assert resp.status_code == 200, (model, task)
+        assert resp.parse().model == "sim-model", (model, task)
 
 
 def test_serve_detects_engine_kinds(tmp_path: Path) -> None:

@@ -52,11 +52,11 @@ def test_an_unknown_model_reaches_the_client_as_not_found_error() -> None:
     with (
         running_sims([SimConfig(flavor="vllm", speed=50.0)]) as sims,
         running_gateway([ReplicaConfig(url=sims.urls[0], kind="vllm")]) as gw,
+        pytest.raises(openai.NotFoundError) as caught,
     ):
-        with pytest.raises(openai.NotFoundError) as caught:
-            gw.openai().chat.completions.create(
-                model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
-            )
+        gw.openai().chat.completions.create(
+            model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
     body = caught.value.body
     assert isinstance(body, dict), body
     assert body["type"] == "not_found_error", body
