@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -241,9 +242,7 @@ def test_serve_flags_override_the_config_file_and_keep_its_other_listen_keys(
     from_file = _serve_config(parser.parse_args(["serve", "--config", str(cfg_file)]))
     assert (from_file.listen.port, from_file.listen.admin_host) == (8181, "127.0.0.2")
     flagged = _serve_config(
-        parser.parse_args(
-            ["serve", "--config", str(cfg_file), "--server", "lean", "--port", "8282"]
-        )
+        parser.parse_args(["serve", "--config", str(cfg_file), "--port", "8282"])
     )
     assert (flagged.listen.server, flagged.listen.port, flagged.listen.admin_host) == (
         "lean",
@@ -287,16 +286,15 @@ def test_version_names_the_release_and_the_build() -> None:
 def test_serve_refuses_uvicorn_for_the_public_listener(tmp_path: Path) -> None:
     cfg = tmp_path / "gw.yaml"
     cfg.write_text("listen: {server: uvicorn}\nreplicas: [{url: 'http://127.0.0.1:1'}]\n")
-    for extra in ([], ["--server", "uvicorn"]):
-        out = subprocess.run(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), *extra],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode == 1
-        assert "server: uvicorn is refused for the public listener" in out.stderr
-        assert "no request-head size or time limit" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert "server: uvicorn is refused for the public listener" in out.stderr
+    assert "no request-head size or time limit" in out.stderr
 
 
 @pytest.mark.parametrize("taken", ["--port", "--admin-port"])
@@ -317,3 +315,77 @@ def test_serve_with_a_port_taken_says_so_in_one_line_and_exits_2(taken: str) -> 
     lines = out.stderr.strip().splitlines()
     assert lines[-1] == f"gateway: cannot listen on 127.0.0.1:{port}: address already in use"
     assert "listening" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+
+
+def _help(*command: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", *command, "-h"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_top_level_help_reads_like_a_manual() -> None:
+    text = _help()
+    assert "admission gateway for self-hosted LLM serving" in text
+    assert "`gateway serve |" not in text, "the module docstring is not the description"
+    for command in ("serve", "check-config", "demo", "sim"):
+        assert re.search(rf"^\s+{command}\s", text, re.M), f"{command} is not listed"
+    assert "examples:" in text and "gateway COMMAND -h" in text
+
+
+@pytest.mark.parametrize("command", ["serve", "check-config", "demo", "sim"])
+def test_every_command_help_describes_every_flag_and_has_an_example(command: str) -> None:
+    from gateway.cli import _build_parser
+
+    text = _help(command)
+    assert re.search(r"^examples?:$", text, re.M), f"{command} -h has no example"
+    parser = _build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices[command]._actions:
+        assert action.help and action.help != argparse.SUPPRESS, action.dest
+        assert "SimConfig." not in action.help, action.dest
+        if action.choices is not None:
+            assert all(str(c) in text for c in action.choices), action.dest
+    if command == "check-config":
+        assert "FILE" in text and "the gateway's YAML config file" in text
+
+
+def test_serve_help_offers_no_value_that_is_refused() -> None:
+    text = _help("serve")
+    assert "uvicorn" not in text and "--server" not in text
+
+
+def test_sim_help_lists_the_choices_of_flavor_and_scheduling_policy() -> None:
+    text = _help("sim")
+    assert "--flavor {vllm,llamacpp}" in text
+    assert "--scheduling-policy {fcfs,priority}" in text
+
+
+def test_check_config_into_a_closed_pipe_ends_without_a_traceback() -> None:
+    """`gateway check-config FILE | head`: the reader leaves before the output is written."""
+    env = {**os.environ, **{k: "x" for k in _CONFIG_ENV}}
+    with subprocess.Popen(
+        [sys.executable, "-m", "gateway", "check-config", str(ROOT / "config" / "gateway.yaml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # long before the interpreter has started
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert code == 141, err
+
+
+_CONFIG_ENV = (
+    "GATEWAY_ADMIN_TOKEN",
+    "GATEWAY_ISOLATION_SECRET",
+    "REDIS_PASSWORD",
+    "TEAM_A_API_KEY",
+    "VLLM_API_KEY",
+)
