@@ -8,9 +8,11 @@ in one process.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
+from prometheus_client.metrics_core import Metric
 
 from gateway import __version__, buildinfo
 from gateway.observability.cells import LockFreeCounter, LockFreeGauge, LockFreeHistogram
@@ -48,12 +50,31 @@ class Children(Generic[M_co]):
             del self._cache[key]
 
 
+_WITH_CREATED = frozenset({"counter", "histogram", "summary"})
+
+
+class GatewayRegistry(CollectorRegistry):
+    """The gateway's registry: prometheus_client's `<name>_created` samples (a creation
+    timestamp per counter, histogram and summary child) are left out of every scrape,
+    whatever `PROMETHEUS_DISABLE_CREATED_SERIES` says, so that every install exports the
+    same series (docs/metrics.md)."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in super().collect():
+            if family.type in _WITH_CREATED:
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.registry = registry or GatewayRegistry()
         r = self.registry
         self.requests = LockFreeCounter(
             "gateway_requests",

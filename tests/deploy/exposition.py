@@ -24,7 +24,7 @@ class Family:
 
 def families(text: str) -> dict[str, Family]:
     """Families by their exposed name (`gateway_requests_total`, `gateway_build_info`, a
-    histogram by its base name), without prometheus_client's `*_created` series."""
+    histogram by its base name)."""
     found: dict[str, Family] = {}
     for line in text.splitlines():
         m = _TYPE.match(line)
@@ -39,7 +39,7 @@ def families(text: str) -> dict[str, Family]:
             continue
         family.samples += 1
         family.labels |= set(_LABEL.findall(m.group(2) or "")) - {"le"}
-    return {name: f for name, f in found.items() if not _is_created(name, found)}
+    return found
 
 
 def _strip_histogram(name: str) -> str:
@@ -47,13 +47,6 @@ def _strip_histogram(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
-
-
-def _is_created(name: str, found: dict[str, Family]) -> bool:
-    if not name.endswith("_created"):
-        return False
-    base = name[: -len("_created")]
-    return base in found or base + "_total" in found
 
 
 def exported(name: str, fams: dict[str, Family]) -> bool:
