@@ -206,9 +206,22 @@ def metric_names(expr: str) -> set[str]:
     return set(_METRIC.findall(expr))
 
 
-def dashboard_exprs() -> list[str]:
+def dashboard() -> dict[str, Any]:
     dash = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert isinstance(dash, dict)
+    return dash
+
+
+def panels(holder: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, those inside rows (a collapsed row holds its own `panels`) included."""
+    for panel in holder.get("panels", []):
+        yield panel
+        yield from panels(panel)
+
+
+def dashboard_exprs(dash: dict[str, Any] | None = None) -> list[str]:
+    dash = dashboard() if dash is None else dash
+    exprs = [t["expr"] for p in panels(dash) for t in p.get("targets", [])]
     for var in dash.get("templating", {}).get("list", []):
         query = var.get("query")
         exprs.append(query["query"] if isinstance(query, dict) else str(query or ""))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 _TYPE = re.compile(r"^# TYPE (\S+) (\S+)$")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{([^}]*)\})? \S+")
-_LABEL = re.compile(r'(\w+)="')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 _DOC_ROW = re.compile(r"^\|\s*`(gateway_\w+)`\s*\|\s*(\w+)\s*\|([^|]*)\|")
 
@@ -20,6 +20,8 @@ class Family:
     type: str
     labels: set[str] = field(default_factory=set)
     samples: int = 0
+    #: label -> the values seen
+    values: dict[str, set[str]] = field(default_factory=dict)
 
 
 def families(text: str) -> dict[str, Family]:
@@ -38,7 +40,10 @@ def families(text: str) -> dict[str, Family]:
         if family is None:
             continue
         family.samples += 1
-        family.labels |= set(_LABEL.findall(m.group(2) or "")) - {"le"}
+        for label, value in _LABEL.findall(m.group(2) or ""):
+            if label != "le":
+                family.labels.add(label)
+                family.values.setdefault(label, set()).add(value)
     return found
 
 
@@ -74,3 +79,19 @@ def doc_rows(path: Path) -> dict[str, DocRow]:
             labels = frozenset(re.findall(r"`(\w+)`", m.group(3)))
             rows[m.group(1)] = DocRow(m.group(1), m.group(2), labels)
     return rows
+
+
+_VALUES_ROW = re.compile(r"^\|\s*`(\w+)`[^|]*\|([^|]*)\|")
+
+
+def doc_label_values(path: Path) -> dict[str, set[str]]:
+    """The `## Label values` table of docs/metrics.md: label -> the values it names."""
+    text = path.read_text()
+    section = text[text.index("## Label values") :]
+    section = section[: section.index("\n## ", 1)]
+    out: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        m = _VALUES_ROW.match(line)
+        if m:
+            out.setdefault(m.group(1), set()).update(re.findall(r"`([^`]+)`", m.group(2)))
+    return out

@@ -17,17 +17,22 @@ import yaml
 
 from tests.deploy.deployfiles import (
     ALERT_RULES,
+    COMPOSE_DIR,
     DEPLOY,
     DOCKERFILE,
     K8S_BASE,
     K8S_VLLM,
     ROOT,
+    compose,
     config_flag,
+    dashboard,
+    dashboard_exprs,
     dockerfile_instructions,
     exec_form,
     files,
     final_stage,
     image_cmd,
+    panels,
     yaml_docs,
 )
 
@@ -173,3 +178,29 @@ def test_promtool_checks_rules() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_version_needed_is_stated() -> None:
+    """Compose v1 (docker-compose 1.x) refuses a top-level `name:`; the docs say v2 is needed."""
+    if "name" in compose():
+        readme = (DEPLOY / "README.md").read_text()
+        assert "Needs Docker Compose v2" in readme
+        assert "Compose v2" in (COMPOSE_DIR / "compose.yaml").read_text().split("\n\n")[0]
+
+
+def test_dashboard_queries_are_read_from_panels_inside_rows_too() -> None:
+    row = {"type": "row", "collapsed": True, "panels": [{"targets": [{"expr": "inner_expr"}]}]}
+    dash = {"panels": [{"targets": [{"expr": "top_expr"}]}, row]}
+    assert dashboard_exprs(dash) == ["top_expr", "inner_expr"]
+    real = dashboard()
+    assert len(list(panels(real))) >= len(real["panels"])
+
+
+def test_every_engine_panel_serves_both_engines_or_names_its_engine() -> None:
+    for panel in panels(dashboard()):
+        exprs = " ".join(t["expr"] for t in panel.get("targets", []))
+        engines = {e for e in ("vllm", "llamacpp") if f"{e}:" in exprs}
+        if len(engines) == 1:
+            (engine,) = engines
+            name = {"vllm": "vLLM", "llamacpp": "llama.cpp"}[engine]
+            assert f"({name})" in panel["title"], f"{panel['title']!r} shows {name} only"

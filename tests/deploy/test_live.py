@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -18,23 +17,32 @@ import pytest
 from gateway.config.schema import ReplicaConfig
 from gateway.sim.config import SimConfig
 from tests.deploy.deployfiles import (
+    DEPLOY,
     K8S_BASE,
     METRICS_DOC,
     POLICIES,
-    ROOT,
     alert_exprs,
     dashboard_exprs,
     image_env,
     k8s_object,
     metric_names,
+    yaml_docs,
 )
-from tests.deploy.exposition import Family, doc_rows, exported, families
+from tests.deploy.enginemetrics import engine_families, engine_family
+from tests.deploy.exposition import Family, doc_label_values, doc_rows, exported, families
+from tests.deploy.promql import (
+    TARGET_LABELS,
+    grouping_labels,
+    label_values_label,
+    promql,
+    selectors,
+)
 from tests.gwharness import RunningGateway, running_gateway
 from tests.simkit import chat_body, metric, running_sims, settled, wait_for
 
-ENGINES_DOC_PLACES = (
-    ROOT.parent / "shared" / "docs" / "ENGINES.md",
-    Path("/work/shared/docs/ENGINES.md"),
+SCRAPE_CONFIGS = (
+    DEPLOY / "prometheus" / "prometheus.yml",
+    DEPLOY / "prometheus" / "prometheus-kubernetes.yml",
 )
 #: The replica's KV capacity (a config override): a clamped chat request cannot fit.
 KV_TOKENS = 4096
@@ -115,23 +123,92 @@ def test_alert_rules_query_only_exported_metrics(scraped: Scraped) -> None:
     assert not missing, f"the alert rules query metrics the gateway does not export: {missing}"
 
 
-def _engines_doc() -> str:
-    for place in ENGINES_DOC_PLACES:
-        if place.is_file():
-            return place.read_text()
-    pytest.skip("shared/docs/ENGINES.md is not beside the repository")
+def _queries() -> list[str]:
+    return [promql(e) for e in dashboard_exprs()] + alert_exprs()
 
 
-def test_engine_metrics_queried_are_documented_engine_metrics() -> None:
-    doc = _engines_doc()
-    names = {n for e in dashboard_exprs() + alert_exprs() for n in metric_names(e)}
-    engine = sorted(n for n in names if not n.startswith("gateway_"))
-    assert engine, "the dashboard shows engine metrics too"
-    for name in engine:
-        candidates = {name, re.sub(r"(_total|_bucket|_sum|_count)$", "", name)}
-        assert any(re.search(re.escape(c) + r"(?![\w:])", doc) for c in candidates), (
-            f"{name} is not an engine metric listed in ENGINES.md"
+def test_engine_metrics_queried_are_engine_families_of_the_repository() -> None:
+    """Engine names and labels come from the repository (tests/deploy/enginemetrics.py):
+    llama.cpp's real server capture, vLLM's families."""
+    fams = engine_families()
+    engine = {
+        s.metric
+        for e in _queries()
+        for s in selectors(e)
+        if s.metric.startswith(("vllm:", "llamacpp:"))
+    }
+    assert {n.split(":")[0] for n in engine} == {"vllm", "llamacpp"}, "panels for both engines"
+    for name in sorted(engine):
+        family = engine_family(name, fams)
+        assert family is not None, (
+            f"{name} is not a {sorted({f.split(':')[0] for f in fams})} family"
         )
+        for sel in (s for e in _queries() for s in selectors(e) if s.metric == name):
+            for m in sel.matchers:
+                assert m.label in family.labels | TARGET_LABELS, f"{name}: no label {m.label}"
+
+
+def _known_labels(name: str, scraped: Scraped) -> tuple[set[str], dict[str, set[str]]]:
+    """A queried series' labels and their values: exported (live), else documented."""
+    if name == "up":
+        return {"instance", "job"}, {"job": _scrape_jobs()}
+    engine = engine_family(name, engine_families())
+    if engine is not None:
+        return set(engine.labels), {}
+    base = next(f for f in (name, name.removesuffix("_bucket")) if f in scraped.families)
+    family = scraped.families[base]
+    documented = doc_rows(METRICS_DOC)[base].labels
+    values = {label: set(v) for label, v in family.values.items()}
+    for label, vals in doc_label_values(METRICS_DOC).items():
+        values.setdefault(label, set()).update(vals)
+    return (family.labels if family.samples else set(documented)), values
+
+
+def _scrape_jobs() -> set[str]:
+    jobs: set[str] = set()
+    for path in SCRAPE_CONFIGS:
+        (doc,) = yaml_docs(path)
+        jobs |= {c["job_name"] for c in doc["scrape_configs"]}
+    text = (SCRAPE_CONFIGS[0]).read_text()  # the compose config's commented vLLM job
+    jobs |= set(re.findall(r"^#\s*- job_name: (\w+)", text, re.M))
+    return jobs
+
+
+def test_label_matchers_name_exported_labels_and_values(scraped: Scraped) -> None:
+    """`outcome="ok"`, `direction="cached"`, `reason!="client_gone"`, `job=~"vllm|llamacpp"`:
+    each label is one the series has, each literal value one it takes."""
+    checked = 0
+    for expr in _queries():
+        for sel in selectors(expr):
+            labels, values = _known_labels(sel.metric, scraped)
+            for m in sel.matchers:
+                assert m.label in labels | TARGET_LABELS, f"{sel.metric} has no label {m.label}"
+                if m.value == ".*":
+                    continue
+                literal = m.value.split("|") if m.op in ("=~", "!~") else [m.value]
+                assert set(literal) <= values.get(m.label, set()), (
+                    f"{sel.metric}{{{m.label}{m.op}{m.value!r}}}: not a value of {m.label} "
+                    f"(exported or documented: {sorted(values.get(m.label, set()))})"
+                )
+                checked += 1
+    assert checked >= 5, "the label matchers were not found"
+
+
+def test_grouping_labels_are_labels_of_the_queried_series(scraped: Scraped) -> None:
+    for expr in _queries():
+        labels = set(TARGET_LABELS)
+        for sel in selectors(expr):
+            labels |= _known_labels(sel.metric, scraped)[0]
+        missing = grouping_labels(expr) - labels
+        assert not missing, f"{expr}: groups by {sorted(missing)}, which its series lack"
+
+
+def test_dashboard_variable_label_is_exported(scraped: Scraped) -> None:
+    var_queries = [e for e in dashboard_exprs() if label_values_label(e)]
+    assert var_queries, "the dashboard's `task` variable"
+    for expr in var_queries:
+        (sel,) = selectors(promql(expr))
+        assert label_values_label(expr) in _known_labels(sel.metric, scraped)[0]
 
 
 def test_metrics_doc_lists_exactly_the_exported_metrics(scraped: Scraped) -> None:
