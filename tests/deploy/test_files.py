@@ -1,27 +1,21 @@
 """Every file under deploy/ parses, the Dockerfile passes a structural lint, and
-no secret value is committed. External checkers run when they are installed:
-hadolint (Dockerfile), kubectl kustomize (the base and the overlay), promtool
-(the alert rules)."""
+no secret value is committed. The external checkers (hadolint, kubectl kustomize,
+promtool, nginx -t) run in test_tools.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.deploy.deployfiles import (
-    ALERT_RULES,
     COMPOSE_DIR,
     DEPLOY,
     DOCKERFILE,
-    K8S_BASE,
-    K8S_VLLM,
     ROOT,
     compose,
     config_flag,
@@ -132,52 +126,6 @@ def test_healthcheck_runs_python_not_curl() -> None:
     ]
     argv = exec_form(check.args.split(" CMD ", 1)[1])
     assert argv[0] == "python" and "curl" not in check.args
-
-
-@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed")
-def test_hadolint() -> None:
-    result = subprocess.run(
-        ["hadolint", str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("path", [K8S_BASE, K8S_VLLM], ids=["base", "overlay-vllm"])
-def test_kustomize_builds(path: Path) -> None:
-    result = subprocess.run(
-        ["kubectl", "kustomize", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
-    kinds = {(o["kind"], o["metadata"]["name"].rsplit("-", 1)[0]) for o in objects}
-    assert ("ConfigMap", "gateway-config") in kinds and ("ConfigMap", "gateway-policies") in kinds
-    deployment = next(
-        o for o in objects if o["metadata"]["name"] == "llm-gateway" and o["kind"] == "Deployment"
-    )
-    volumes = {
-        v["name"]: v["configMap"]["name"]
-        for v in deployment["spec"]["template"]["spec"]["volumes"]
-        if "configMap" in v
-    }
-    generated = {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
-    assert set(volumes.values()) <= generated, "volumes name the generated (hashed) ConfigMaps"
-
-
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
-def test_promtool_checks_rules() -> None:
-    result = subprocess.run(
-        ["promtool", "check", "rules", str(ALERT_RULES)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_compose_version_needed_is_stated() -> None:
