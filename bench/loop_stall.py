@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from bench.manifest import ROOT, _cpu_model, _git
+from bench.paths import repo_relative
 from bench.procs import Proc, wait_http_ok
 from gateway.http.serving import free_port
 
@@ -274,6 +275,7 @@ def main() -> None:
             results.append(summarise(shape, rounds, len(body)))
             print(json.dumps(results[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    meta, results = repo_relative(meta), repo_relative(results)
     (args.out / f"{args.name}.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
     )

@@ -49,6 +49,13 @@ def _router_version(router_bin: str | None) -> str | None:
     return out.stdout.strip() or None
 
 
+def router_record(router_bin: str | None) -> dict[str, str | None]:
+    """Where the reference router came from: its PyPI package and version, not its path."""
+    if router_bin is None:
+        return {"package": None, "version": None}
+    return {"package": "vllm-router (PyPI)", "version": _router_version(router_bin)}
+
+
 def _git(root: Path, *args: str) -> str | None:
     """Read-only git queries (commit, dirty tree)."""
     try:
@@ -67,7 +74,7 @@ def manifest(
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "packages": {p: _version(p) for p in _PACKAGES},
-        "vllm_router": {"binary": router_bin, "version": _router_version(router_bin)},
+        "vllm_router": router_record(router_bin),
         "cpu_model": _cpu_model(),
         "nproc": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)),

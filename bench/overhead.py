@@ -40,6 +40,7 @@ import redis
 from bench.loadgen import LoadResult, agent_body, make_session, merge_results, run_load, small_body
 from bench.manifest import manifest
 from bench.overhead_report import markdown, row_from, summarize
+from bench.paths import repo_relative
 from bench.procs import Proc, self_cpu_seconds, tree_cpu_seconds, wait_http_ok
 from gateway.http.serving import free_port
 
@@ -546,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.stop()
     meta["duration_s"] = round(time.time() - started, 1)
     meta["server_logs"] = str(logs)
-    result = {"manifest": meta, "rows": rows, "summary": summarize(rows)}
+    result = repo_relative({"manifest": meta, "rows": rows, "summary": summarize(rows)})
     (out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "overhead.md").write_text(markdown(result))
     print(markdown(result))

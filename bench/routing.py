@@ -40,6 +40,7 @@ from typing import Any
 import aiohttp
 
 import gateway
+from bench.manifest import router_record
 from bench.routing_costs import hashing_costs
 from bench.routing_report import write_reports
 from bench.routing_stats import RowKey, index_expected, summarize
@@ -373,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "admission": "off (routing only)",
         "variants": args.variants,
         "gateway_package": str(Path(gateway.__file__).parent),
+        "vllm_router": router_record(find_vllm_router(args.vllm_router)),
         "command": " ".join(
             [".venv/bin/python -m bench.routing", *(sys.argv[1:] if argv is None else argv)]
         ),

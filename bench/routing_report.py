@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.paths import repo_relative
+
 _COLUMNS = (
     ("policy", "policy", "{}"),
     ("hit_rate", "hit rate", "{:.1%}"),
@@ -111,6 +113,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"One run per policy and workload, {setup.get('total_wall_s', '?')} s of wall time in all."
     )
     lines += ["", f"Gateway code: `{setup.get('gateway_package', '?')}`.", "", *_INTRO, ""]
+    router = setup.get("vllm_router") or {}
+    if router.get("version"):
+        lines += [f"vllm-router: {router['package']} {router['version']}.", ""]
     used = {r["policy"] for r in report["results"]}
     variants = {k: v for k, v in (setup.get("variants") or {}).items() if k in used}
     if variants:
@@ -195,6 +200,7 @@ def plot(report: dict[str, Any], path: Path) -> bool:
 
 def write_reports(out: Path, name: str, report: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    report.update(repo_relative(report))
     text = markdown(report)  # also adds each instance row's `hit_vs_one_instance`
     (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / f"{name}.md").write_text(text)
