@@ -148,6 +148,29 @@ def test_engine_metrics_queried_are_engine_families_of_the_repository() -> None:
                 assert m.label in family.labels | TARGET_LABELS, f"{name}: no label {m.label}"
 
 
+@pytest.fixture(scope="module")
+def engine_scrapes() -> Iterator[dict[str, str]]:
+    """/metrics of a simulated vLLM and a simulated llama.cpp (they copy the real engines')."""
+    flavors = ("vllm", "llamacpp")
+    with running_sims([SimConfig(flavor=f, speed=50.0) for f in flavors]) as sims:
+        urls = dict(zip(flavors, sims.urls, strict=True))
+        yield {f: httpx.get(u + "/metrics", timeout=10).text for f, u in urls.items()}
+
+
+def test_simulated_engines_export_the_engine_families_queried(
+    engine_scrapes: dict[str, str],
+) -> None:
+    fams = engine_families()
+    queried = {s.metric for e in _queries() for s in selectors(e)}
+    for name in sorted(n for n in queried if n.startswith(("vllm:", "llamacpp:"))):
+        family = engine_family(name, fams)
+        assert family is not None, name
+        live = families(engine_scrapes[name.split(":")[0]])
+        assert exported(name, live), f"the simulated engine does not export {name}"
+        base = family.name if family.name in live else name
+        assert live[base].labels == set(family.labels), f"{name}: labels {live[base].labels}"
+
+
 def _known_labels(name: str, scraped: Scraped) -> tuple[set[str], dict[str, set[str]]]:
     """A queried series' labels and their values: exported (live), else documented."""
     if name == "up":
