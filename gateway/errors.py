@@ -48,6 +48,20 @@ from starlette.responses import Response
 
 RawHeaders = list[tuple[bytes, bytes]]
 
+#: The error `type`s of the OpenAI API: the only ones a client sees (the `code` says more:
+#: `overloaded`, `deadline_exceeded`, `upstream_timeout`, ...). An engine's own type that is
+#: not one of these is replaced by the type of its status (gateway/engines/base.py).
+OPENAI_ERROR_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "rate_limit_error",
+        "server_error",
+    }
+)
+
 
 class GatewayError(Exception):
     status = 500
@@ -151,7 +165,7 @@ class RateLimited(GatewayError):
 
 class Overloaded(GatewayError):
     status = 503
-    type = "overloaded_error"
+    type = "server_error"
     code = "overloaded"
     reason = "overloaded"
 
@@ -167,7 +181,7 @@ class StateUnavailable(GatewayError):
     served with limits this instance alone enforces."""
 
     status = 503
-    type = "overloaded_error"
+    type = "server_error"
     code = "state_unavailable"
     reason = "state_unavailable"
 
@@ -179,14 +193,14 @@ class ShuttingDown(GatewayError):
     serve it: the answer carries `Retry-After`."""
 
     status = 503
-    type = "overloaded_error"
+    type = "server_error"
     code = "shutting_down"
     reason = "shutting_down"
 
 
 class DeadlineExceeded(GatewayError):
     status = 504
-    type = "timeout_error"
+    type = "server_error"
     code = "deadline_exceeded"
     reason = "deadline_exceeded"
 
@@ -195,7 +209,7 @@ class UpstreamTimeout(GatewayError):
     """The engine did not answer within the first-byte or idle timeout."""
 
     status = 504
-    type = "timeout_error"
+    type = "server_error"
     code = "upstream_timeout"
     reason = "upstream_timeout"
 
@@ -203,14 +217,14 @@ class UpstreamTimeout(GatewayError):
 class UpstreamError(GatewayError):
     """An engine answered with an error; status kept, body normalised."""
 
-    type = "upstream_error"
+    type = "server_error"
     code = None
     reason = "upstream_error"
 
 
 class UpstreamUnavailable(GatewayError):
     status = 502
-    type = "upstream_error"
+    type = "server_error"
     code = "upstream_unavailable"
     reason = "upstream_unavailable"
 

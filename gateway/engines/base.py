@@ -5,23 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from gateway.errors import ContextLengthExceeded, GatewayError, UpstreamError
+from gateway.errors import OPENAI_ERROR_TYPES, ContextLengthExceeded, GatewayError, UpstreamError
 
 _MAX_ERROR_TEXT = 2000
-
-#: Error `type`s of the OpenAI API that an engine's own type is kept as; any other
-#: (vLLM's exception class names such as "NotFoundError", llama.cpp's
-#: "unavailable_error") is replaced by the type of the HTTP status.
-OPENAI_ERROR_TYPES = frozenset(
-    {
-        "invalid_request_error",
-        "authentication_error",
-        "permission_error",
-        "not_found_error",
-        "rate_limit_error",
-        "server_error",
-    }
-)
 
 
 class EngineAdapter(Protocol):

@@ -67,7 +67,7 @@ def test_deadline_before_start_is_504(fresh: tuple[Sims, RunningGateway], header
     resp, elapsed = _post(gw, chat_body(stream=False), {header: value})
     assert resp.status_code == 504
     assert resp.json()["error"]["code"] == "deadline_exceeded"
-    assert resp.json()["error"]["type"] == "timeout_error"
+    assert resp.json()["error"]["type"] == "server_error"
     assert resp.headers["x-gateway-reject-reason"] == "deadline_exceeded"
     # An absolute instant cannot be met by a retry: tell the SDKs not to retry.
     assert resp.headers.get("x-should-retry") == (

@@ -1,6 +1,7 @@
-"""Every error `type` a client sees from an engine's error is one of the OpenAI API's:
-the engines' own names (vLLM's exception class names, llama.cpp's extra types) are
-replaced by the type of the HTTP status; OpenAI types the engine sends are kept."""
+"""Every error `type` a client sees is one of the OpenAI API's: the gateway's own
+errors, and engines' errors, whose own names (vLLM's exception class names,
+llama.cpp's extra types) are replaced by the type of the HTTP status; OpenAI types
+the engine sends are kept."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import json
 import openai
 import pytest
 
+from gateway import errors
 from gateway.config.schema import ReplicaConfig
 from gateway.engines import adapter_for
-from gateway.engines.base import OPENAI_ERROR_TYPES
-from gateway.errors import error_body
+from gateway.errors import OPENAI_ERROR_TYPES, GatewayError, error_body
 from gateway.sim.config import SimConfig
 from tests.gwharness import running_gateway
 from tests.simkit import running_sims
@@ -60,3 +61,14 @@ def test_an_unknown_model_reaches_the_client_as_not_found_error() -> None:
     body = caught.value.body
     assert isinstance(body, dict), body
     assert body["type"] == "not_found_error", body
+
+
+def _subclasses(cls: type[GatewayError]) -> list[type[GatewayError]]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _subclasses(sub))]
+
+
+def test_every_gateway_error_type_is_an_openai_type() -> None:
+    tree = {c for c in _subclasses(GatewayError) if c.__module__ == errors.__name__}
+    assert len(tree) >= 20, "the whole error tree"
+    wrong = sorted(f"{c.__name__}: {c.type}" for c in tree if c.type not in OPENAI_ERROR_TYPES)
+    assert not wrong, wrong
