@@ -94,8 +94,8 @@ def _policies_line(source: str | None, aliases: list[str]) -> str:
         return "No task policies (--policies DIR to load some).\n"
     names = ", ".join(repr(a) for a in aliases) or "none"
     return (
-        f"Task policies: {source} (chat, agent, summarize, ...). Every policy forwards the "
-        f"simulated model {DEMO_MODEL!r} here,\nso the model aliases answer too: {names}.\n"
+        f"Task policies: {source} (chat, agent, summarize, ...);\neach forwards the simulated "
+        f"model {DEMO_MODEL!r} here, so the model aliases answer too: {names}.\n"
     )
 
 

