@@ -16,8 +16,8 @@ from tests.deploy.deployfiles import ROOT
 
 LLAMACPP_GOLDEN = ROOT / "tests" / "engine" / "golden" / "llamacpp_b11434.json"
 VLLM_VERSION = "0.32.0"
-_VLLM_LABELS = frozenset({"model_name", "engine"})
-_VLLM_TYPES = {
+VLLM_LABELS = frozenset({"model_name", "engine"})
+VLLM_TYPES = {
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",
     "vllm:kv_cache_usage_perc": "gauge",
@@ -42,7 +42,7 @@ class EngineFamily:
 
 def engine_families() -> dict[str, EngineFamily]:
     """Both engines' families by exposed name (a counter with `_total`)."""
-    out = {n: EngineFamily(n, t, _VLLM_LABELS) for n, t in _VLLM_TYPES.items()}
+    out = {n: EngineFamily(n, t, VLLM_LABELS) for n, t in VLLM_TYPES.items()}
     golden = json.loads(LLAMACPP_GOLDEN.read_text())
     for fam in golden["metrics"]["families"]:
         out[fam["name"]] = EngineFamily(fam["name"], fam["type"], frozenset(fam["labels"]))

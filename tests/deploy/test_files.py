@@ -152,3 +152,26 @@ def test_every_engine_panel_serves_both_engines_or_names_its_engine() -> None:
             (engine,) = engines
             name = {"vllm": "vLLM", "llamacpp": "llama.cpp"}[engine]
             assert f"({name})" in panel["title"], f"{panel['title']!r} shows {name} only"
+
+
+def _dashboard_layout() -> list[tuple[str, str]]:
+    """(row title, panel title) of every panel, in the dashboard's order."""
+    out: list[tuple[str, str]] = []
+    row = ""
+    for panel in panels(dashboard()):
+        if panel["type"] == "row":
+            row = panel["title"]
+        else:
+            out.append((row, panel["title"]))
+    return out
+
+
+def test_deploy_readme_lists_exactly_the_dashboard_panels() -> None:
+    text = (DEPLOY / "README.md").read_text()
+    table = text[text.index("| row | panel | shows |") :].split("\n\n", 1)[0]
+    documented = [
+        (cells[0], cells[1])
+        for line in table.splitlines()[2:]
+        if (cells := [c.strip() for c in line.strip("|").split("|")])
+    ]
+    assert documented == _dashboard_layout()
