@@ -193,7 +193,7 @@ def _scrape_jobs() -> set[str]:
         (doc,) = yaml_docs(path)
         jobs |= {c["job_name"] for c in doc["scrape_configs"]}
     text = (SCRAPE_CONFIGS[0]).read_text()  # the compose config's commented vLLM job
-    jobs |= set(re.findall(r"^#\s*- job_name: (\w+)", text, re.M))
+    jobs |= set(re.findall(r"^\s*#\s*- job_name: (\w+)", text, re.M))
     return jobs
 
 
