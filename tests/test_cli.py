@@ -389,3 +389,28 @@ _CONFIG_ENV = (
     "TEAM_A_API_KEY",
     "VLLM_API_KEY",
 )
+
+
+def test_readme_check_config_example_prints_the_config_with_secrets_masked() -> None:
+    (block,) = [
+        b for b in _readme_blocks("Put it in front of real engines", "sh") if "check-config" in b
+    ]
+    exports = {n: f"pasted-{n.lower()}" for n in re.findall(r"^export (\w+)=", block, re.M)}
+    assert exports, "the example exports the key its config reads"
+    (line,) = [ln for ln in block.splitlines() if ln.startswith("gateway check-config")]
+    argv = line.split("#", 1)[0].split()
+    env = {"PATH": os.environ["PATH"], **exports}  # only what the example exports
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    effective = yaml.safe_load(out.stdout)
+    assert effective["replicas"] and "loaded_policies" in effective
+    assert "'***'" in out.stdout
+    assert not [v for v in exports.values() if v in out.stdout], "a secret is printed"
