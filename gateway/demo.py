@@ -142,7 +142,8 @@ def _run_demo(
     try:
         gw = create_app(cfg)
     except ConfigError as exc:
-        print("config error:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
+        problems = [p.replace(staged, source) if staged and source else p for p in exc.problems]
+        print("config error:\n  " + "\n  ".join(problems), file=sys.stderr)  # the user's files
         return 1
     listeners = sims + gw.listeners()
     print(

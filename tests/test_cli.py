@@ -414,3 +414,21 @@ def test_readme_check_config_example_prints_the_config_with_secrets_masked() -> 
     assert effective["replicas"] and "loaded_policies" in effective
     assert "'***'" in out.stdout
     assert not [v for v in exports.values() if v in out.stdout], "a secret is printed"
+
+
+def test_demo_names_the_users_policy_file_in_a_policy_error(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "default.yaml").write_text("name: default\npriority: urgent\n")
+    port, admin, sim = free_port(), free_port(), free_port()
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", "--policies", str(policies)]
+        + ["--port", str(port), "--admin-port", str(admin), "--sim-port", str(sim)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "default.yaml: priority 'urgent' is not an admission class" in out.stderr
+    assert "gateway-demo-policies-" not in out.stderr, "the demo's staged copy is not named"
