@@ -1,0 +1,192 @@
+"""Markdown and manifest of `bench/profile_request.py`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def run_manifest(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "nproc": os.cpu_count(),
+        "loadavg_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "git_commit": _git_commit(),
+        "command": "python -m bench.profile_request "
+        + " ".join(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "out"),
+    }
+
+
+def _phase_table(shape: dict[str, Any]) -> list[str]:
+    lines = [
+        "| phase | µs / request | share | µs as profiled | calls / request |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for p in shape["phases"]:
+        lines.append(
+            f"| {p['phase']} | {p['us']:,.1f} | {p['share'] * 100:.1f}% | "
+            f"{p['profiled_us']:,.1f} | {p['calls']:,.0f} |"
+        )
+    total = sum(p["us"] for p in shape["phases"])
+    lines.append(
+        f"| **total** | **{total:,.1f}** | 100% | "
+        f"{shape['profiled_thread_cpu_us_per_request']:,.1f} | |"
+    )
+    return lines
+
+
+def _direct_table(direct: dict[str, float]) -> list[str]:
+    lines = ["| step (called directly, no profiler) | µs / call |", "|---|---:|"]
+    lines += [f"| {name} | {us:,.1f} |" for name, us in direct.items()]
+    return lines
+
+
+def _func_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| function | phase | calls / req | own µs / req | cumulative µs / req |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| `{r['name']}` | {r['phase']} | {r['calls_per_request']:.1f} | "
+            f"{r['own_us']:,.1f} | {r['cumulative_us']:,.1f} |"
+        )
+    return lines
+
+
+def _shape_section(shape: dict[str, Any]) -> list[str]:
+    rounds = ", ".join(f"{v:,.0f}" for v in shape["cpu_us_per_request_rounds"])
+    lines = [
+        f"## {shape['shape']} ({shape['body_bytes']:,} bytes, non-streaming, "
+        f"c={shape['concurrency']})",
+        "",
+        f"Gateway process CPU per request, unprofiled: **{shape['cpu_us_per_request']:,.0f} µs** "
+        f"(median of windows of {shape['requests_per_window']} requests: {rounds}). "
+        f"Profiled window: {shape['profiled_requests']} requests, loop thread CPU "
+        f"{shape['profiled_thread_cpu_us_per_request']:,.0f} µs / request under cProfile "
+        f"(its cost: ~{shape['profiler_cost_us_per_call']:.2f} µs per call).",
+        "",
+        "### Per phase",
+        "",
+        *_phase_table(shape),
+        "",
+        "### The body work called directly (cross-check)",
+        "",
+        *_direct_table(shape["direct"]),
+        "",
+        "### Top 20 by cumulative time (as profiled)",
+        "",
+        *_func_table(shape["top_cumulative"]),
+        "",
+        "### Top 20 by own time (as profiled)",
+        "",
+        *_func_table(shape["top_own"]),
+        "",
+        "### Top functions of each phase (own time, as profiled)",
+        "",
+    ]
+    for phase in [p["phase"] for p in shape["phases"]]:
+        rows = shape["by_phase"].get(phase)
+        if rows:
+            lines += [f"**{phase}**", "", *_func_table(rows), ""]
+    return lines
+
+
+def _counts(d: dict[str, float]) -> str:
+    return ", ".join(f"`{k}` {v:.2f}" for k, v in d.items() if abs(v) >= 0.005) or "none"
+
+
+def _redis_section(r: dict[str, Any]) -> list[str]:
+    cpu = r["gateway_cpu_us_per_request"]
+    rounds = r["gateway_cpu_us_per_request_rounds"]
+    fleet = 1e6 / r["redis_cpu_us_per_request"] if r["redis_cpu_us_per_request"] > 0 else None
+    return [
+        "## Redis (`state.backend: redis`), small requests, sequential",
+        "",
+        f"{r['requests']} sequential small requests in {r['wall_s']:.1f} s; Redis's background "
+        f"rate over a {r['idle_window_s']:.0f} s idle window (subtracted below): "
+        f"{_counts(r['idle_commands_per_s'])} commands/s, "
+        f"{r['idle_cpu_us_per_s']:,.0f} µs CPU/s.",
+        "",
+        "| per request | value |",
+        "|---|---:|",
+        f"| round trips (MONITOR, top-level commands) | {r['round_trips_per_request']:.2f} |",
+        f"| commands run inside scripts (MONITOR) | {r['script_commands_per_request']:.2f} |",
+        f"| commands in all (INFO commandstats) | {r['commands_total_per_request']:.2f} |",
+        f"| Redis CPU (INFO cpu, user + sys) | {r['redis_cpu_us_per_request']:,.1f} µs |",
+        f"| gateway CPU, memory state | {cpu['gateway']:,.0f} µs |",
+        f"| gateway CPU, redis state | {cpu['gateway-redis']:,.0f} µs |",
+        f"| redis / memory gateway CPU | {r['redis_over_memory']:.2f}× |",
+        "",
+        f"Round trips by command (MONITOR over {r['monitor_requests']} requests): "
+        f"{_counts(r['monitor_round_trips_per_request'])}.",
+        f"Inside scripts: {_counts(r['monitor_script_commands_per_request'])}.",
+        f"INFO commandstats per request: {_counts(r['commands_per_request'])}.",
+        "",
+        "Gateway CPU per request in interleaved windows (µs): "
+        + "; ".join(f"{k}: " + ", ".join(f"{v:,.0f}" for v in vs) for k, vs in rounds.items())
+        + ".",
+        "",
+        (
+            f"At this Redis CPU per request one Redis core serves at most ~{fleet:,.0f} "
+            "requests/s across all gateway instances."
+            if fleet
+            else ""
+        ),
+        "",
+    ]
+
+
+def markdown(data: dict[str, Any]) -> str:
+    m = data["manifest"]
+    lines = [
+        "# Where a request's CPU goes (`bench/profile_request.py`)",
+        "",
+        f"{m['date']}, commit `{(m['git_commit'] or 'unknown')[:12]}`, Python {m['python']}, "
+        f"{m['nproc']} CPUs shared with other work (load average {m['loadavg_before']} before, "
+        f"{m['loadavg_after']} after: a loaded machine, so absolute µs are high; shares and "
+        "ratios measured side by side are the figures to compare).",
+        "",
+        f"Command: `{m['command']}`",
+        "",
+        "Method: the gateway (`bench/profile_serve.py`: `gateway serve` with default config, "
+        "lean server, uvloop) in front of the zero-delay upstream; cProfile of its event-loop "
+        "thread over one window, each function's own time assigned to a phase "
+        "(`bench/profile_phases.py`: by module and function, builtins to their callers), "
+        "timed in thread CPU time. cProfile costs a roughly fixed amount per call; that cost "
+        "per call is estimated as (profiled loop-thread CPU − unprofiled process CPU) / calls, "
+        "and `µs / request` is each phase's profiled own time less its calls × that cost, so "
+        "the column sums to the unprofiled CPU per request (median of windows); `event loop "
+        "internals` is the loop thread's CPU outside every Python frame (uvloop's C code, "
+        "syscalls). `calls` counts a coroutine's resumptions as calls (cProfile does). "
+        "The direct timings of the body work, in this process without a profiler, check the "
+        "split.",
+        "",
+    ]
+    for shape in data["shapes"]:
+        lines += _shape_section(shape)
+    if "redis" in data:
+        lines += _redis_section(data["redis"])
+    return "\n".join(lines).rstrip() + "\n"
