@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.loadgen import agent_body
 from bench.loop_stall import huge_body
-from bench.parse_json_cases import HOSTILE, Case, run_cases
+from bench.parse_json_cases import HOSTILE, Case, no_bom, run_cases, walked
 from bench.parse_json_report import markdown
 from gateway.http.serving import tune_gc
 from gateway.ingress import protocol
@@ -62,43 +62,10 @@ def _parsers() -> dict[str, Parse]:
             protocol.parse_json_document
         ),
         "orjson.loads (no limits)": orjson.loads,
-        "orjson + depth walk": lambda raw: _walked(orjson.loads(_no_bom(raw)), False),
+        "orjson + depth walk": lambda raw: walked(orjson.loads(no_bom(raw)), False),
         "msgspec decode (no limits)": decoder.decode,
-        "msgspec + depth/int walk": lambda raw: _walked(decoder.decode(_no_bom(raw)), True),
+        "msgspec + depth/int walk": lambda raw: walked(decoder.decode(no_bom(raw)), True),
     }
-
-
-def _no_bom(raw: bytes) -> bytes | memoryview:
-    """orjson and msgspec refuse a UTF-8 BOM, which the gateway accepts."""
-    return memoryview(raw)[3:] if raw.startswith(protocol._BOM) else raw
-
-
-class LimitError(ValueError):
-    pass
-
-
-_INT_BOUND = 10**protocol.MAX_INT_DIGITS
-
-
-def _walked(data: object, ints: bool) -> object:
-    """The limits neither parser enforces: depth ≤ `MAX_JSON_DEPTH` (and with
-    `ints`, integers ≤ `MAX_INT_DIGITS` digits: msgspec reads up to 4,300;
-    orjson turns integers past 64 bits into floats, so has none to check)."""
-    if type(data) is dict or type(data) is list:
-        _walk(data.values() if type(data) is dict else data, 1, ints)
-    return data
-
-
-def _walk(values: Any, depth: int, ints: bool) -> None:
-    """`values` of a container at level `depth` (the body's object is level 1)."""
-    for item in values:
-        kind = type(item)
-        if kind is dict or kind is list:
-            if depth >= protocol.MAX_JSON_DEPTH:
-                raise LimitError("too deep")
-            _walk(item.values() if kind is dict else item, depth + 1, ints)
-        elif ints and kind is int and (item >= _INT_BOUND or item <= -_INT_BOUND):
-            raise LimitError("integer too long")
 
 
 def _limits_walk_only() -> dict[str, Callable[[object], object]]:
@@ -112,8 +79,8 @@ def _limits_walk_only() -> dict[str, Callable[[object], object]]:
 
     return {
         "gateway walk (depth, ints, finite; no surrogates)": gateway_walk,
-        "depth walk": lambda d: _walked(d, False),
-        "depth + int walk": lambda d: _walked(d, True),
+        "depth walk": lambda d: walked(d, False),
+        "depth + int walk": lambda d: walked(d, True),
     }
 
 

@@ -1,4 +1,5 @@
-"""The hostile inputs of `tests/ingress/test_hostile_json.py`, run through each
+"""The ingress limits orjson and msgspec leave to the caller (`walked`), and
+the hostile inputs of `tests/ingress/test_hostile_json.py` run through each
 parser variant of `bench/parse_json.py`: what each refuses on its own, what
 it accepts but changes, and how often it disagrees with the gateway on the
 test's fuzzed bodies (same strategy, drawn here).
@@ -78,6 +79,39 @@ HOSTILE: list[Case] = [
         "accept, not forwardable",
     ),
 ]
+
+
+def no_bom(raw: bytes) -> bytes | memoryview:
+    """orjson and msgspec refuse a UTF-8 BOM, which the gateway accepts."""
+    return memoryview(raw)[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+
+
+class LimitError(ValueError):
+    pass
+
+
+_INT_BOUND = 10**MAX_INT_DIGITS
+
+
+def walked(data: object, ints: bool) -> object:
+    """The limits neither parser enforces: depth ≤ `MAX_JSON_DEPTH` (and with
+    `ints`, integers ≤ `MAX_INT_DIGITS` digits: msgspec reads up to 4,300;
+    orjson turns integers past 64 bits into floats, so has none to check)."""
+    if type(data) is dict or type(data) is list:
+        _walk(data.values() if type(data) is dict else data, 1, ints)
+    return data
+
+
+def _walk(values: Any, depth: int, ints: bool) -> None:
+    """`values` of a container at level `depth` (the body's object is level 1)."""
+    for item in values:
+        kind = type(item)
+        if kind is dict or kind is list:
+            if depth >= MAX_JSON_DEPTH:
+                raise LimitError("too deep")
+            _walk(item.values() if kind is dict else item, depth + 1, ints)
+        elif ints and kind is int and (item >= _INT_BOUND or item <= -_INT_BOUND):
+            raise LimitError("integer too long")
 
 
 def _outcome(parse: Parse, raw: bytes) -> tuple[str, object]:

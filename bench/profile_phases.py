@@ -168,6 +168,21 @@ def corrected_phases(
     return out
 
 
+def measured_phases(
+    corrected: Mapping[str, float], direct: Mapping[str, float], total: float
+) -> dict[str, float]:
+    """Per phase µs: the `direct` ones (the body work timed without a
+    profiler) as they are; the rest of `total` split over the other phases
+    in proportion to their `corrected` profiled time."""
+    rest = {p: v for p, v in corrected.items() if p not in direct}
+    remainder = max(0.0, total - sum(direct.values()))
+    rest_total = sum(rest.values())
+    out = dict(direct)
+    for phase, value in rest.items():
+        out[phase] = remainder * value / rest_total if rest_total else 0.0
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class FuncRow:
     name: str

@@ -41,26 +41,51 @@ def run_manifest(args: argparse.Namespace) -> dict[str, Any]:
 
 def _phase_table(shape: dict[str, Any]) -> list[str]:
     lines = [
-        "| phase | µs / request | share | µs as profiled | calls / request |",
-        "|---|---:|---:|---:|---:|",
+        "| phase | µs / request | share | how | profile, corrected | as profiled | calls |",
+        "|---|---:|---:|---|---:|---:|---:|",
     ]
     for p in shape["phases"]:
+        how = "timed directly" if p["timed_directly"] else "rest, by profile"
         lines.append(
-            f"| {p['phase']} | {p['us']:,.1f} | {p['share'] * 100:.1f}% | "
-            f"{p['profiled_us']:,.1f} | {p['calls']:,.0f} |"
+            f"| {p['phase']} | {p['us']:,.1f} | {p['share'] * 100:.1f}% | {how} | "
+            f"{p['corrected_profile_us']:,.1f} | {p['profiled_us']:,.1f} | {p['calls']:,.0f} |"
         )
+    spy = shape.get("pyspy") or {}
+    if "shares" in spy:
+        lines[0] += " py-spy share |"
+        lines[1] += "---:|"
+        for i, p in enumerate(shape["phases"]):
+            lines[i + 2] += f" {spy['shares'].get(p['phase'], 0.0) * 100:.1f}% |"
     total = sum(p["us"] for p in shape["phases"])
     lines.append(
-        f"| **total** | **{total:,.1f}** | 100% | "
+        f"| **total** | **{total:,.1f}** | 100% | | {shape['cpu_us_per_request']:,.1f} | "
         f"{shape['profiled_thread_cpu_us_per_request']:,.1f} | |"
     )
     return lines
 
 
 def _direct_table(direct: dict[str, float]) -> list[str]:
-    lines = ["| step (called directly, no profiler) | µs / call |", "|---|---:|"]
+    lines = [
+        "Medians over the rounds (each alternating with a CPU window) of medians of repeats.",
+        "",
+        "| step (called directly, no profiler) | µs / call |",
+        "|---|---:|",
+    ]
     lines += [f"| {name} | {us:,.1f} |" for name, us in direct.items()]
     return lines
+
+
+def _pyspy_note(spy: dict[str, Any] | None) -> str:
+    if spy is None:
+        return "py-spy is not installed: no sampling profile."
+    if "error" in spy:
+        return f"py-spy: {spy['error']}"
+    return (
+        f"`py-spy share`: of {spy['samples']:,} samples (250 Hz, non-blocking) over "
+        f"{spy['requests']:,} requests in a separate unprofiled window; C code counts to the "
+        "Python frame calling it, and event loop internals to `other`. Collapsed stacks "
+        f"(flame-graph / speedscope input): `{spy['stacks']}`."
+    )
 
 
 def _func_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -91,6 +116,8 @@ def _shape_section(shape: dict[str, Any]) -> list[str]:
         "### Per phase",
         "",
         *_phase_table(shape),
+        "",
+        _pyspy_note(shape.get("pyspy")),
         "",
         "### The body work called directly (cross-check)",
         "",
@@ -175,14 +202,17 @@ def markdown(data: dict[str, Any]) -> str:
         "lean server, uvloop) in front of the zero-delay upstream; cProfile of its event-loop "
         "thread over one window, each function's own time assigned to a phase "
         "(`bench/profile_phases.py`: by module and function, builtins to their callers), "
-        "timed in thread CPU time. cProfile costs a roughly fixed amount per call; that cost "
-        "per call is estimated as (profiled loop-thread CPU − unprofiled process CPU) / calls, "
-        "and `µs / request` is each phase's profiled own time less its calls × that cost, so "
-        "the column sums to the unprofiled CPU per request (median of windows); `event loop "
+        "timed in thread CPU time (`as profiled`). cProfile's own cost, ~1-2 µs per call "
+        "with a CPU-time clock, swamps call-heavy code, so `µs / request` is built from "
+        "measurements without a profiler: the body work (parse, limits walk, field checks, "
+        "rendering, token estimate with its part cache warm as for a resent body, prefix "
+        "hashing and conversation key) called directly on the same body in this process "
+        "(`timed directly`, table below), and the rest of the gateway process's unprofiled "
+        "CPU per request (median of windows) split over the other phases in proportion to "
+        "their profiled own time less their calls × the profiler's mean cost per call "
+        "(`profile, corrected`: (profiled loop CPU − unprofiled CPU) / calls). `event loop "
         "internals` is the loop thread's CPU outside every Python frame (uvloop's C code, "
-        "syscalls). `calls` counts a coroutine's resumptions as calls (cProfile does). "
-        "The direct timings of the body work, in this process without a profiler, check the "
-        "split.",
+        "syscalls). `calls` counts a coroutine's resumptions as calls (cProfile does).",
         "",
     ]
     for shape in data["shapes"]:

@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,15 +42,17 @@ import redis
 
 from bench.loadgen import agent_body, make_session, run_load, small_body
 from bench.procs import Proc, tree_cpu_seconds, wait_http_ok
-from bench.profile_direct import direct_timings
+from bench.profile_direct import direct_phases, direct_timings, median_timings
 from bench.profile_phases import (
     Func,
     PhaseSplit,
     corrected_phases,
     load_stats,
+    measured_phases,
     top_by_phase,
     top_rows,
 )
+from bench.profile_pyspy import phase_shares, pyspy_binary, relative_paths, start_record
 from bench.profile_redis import Monitor, read_counters, start_redis
 from bench.profile_report import markdown, run_manifest
 from gateway.http.serving import free_port
@@ -78,7 +81,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--quick", action="store_true", help="fewer requests per window")
     p.add_argument("--concurrency", type=int, default=32, help="requests in flight (profile)")
-    p.add_argument("--rounds", type=int, default=3, help="unprofiled windows per shape")
+    p.add_argument(
+        "--rounds", type=int, default=5, help="unprofiled windows (and direct timings) per shape"
+    )
     p.add_argument("--redis-requests", type=int, default=500, help="sequential small requests")
     p.add_argument("--no-redis", action="store_true", help="skip the Redis part")
     args = p.parse_args(argv)
@@ -145,26 +150,84 @@ def _profiled(gw: Gateway, shape: Shape, index: int) -> tuple[dict[Func, Any], i
     return load_stats(str(prof)), ok, float(cpu.read_text())
 
 
-def profile_shape(gw: Gateway, shape: Shape, rounds: int, index: int) -> dict[str, Any]:
+def _sampled(gw: Gateway, shape: Shape, out: Path) -> dict[str, Any] | None:
+    """A py-spy window (None without py-spy): phase shares of its samples;
+    the collapsed stacks are written to `out`."""
+    binary = pyspy_binary()
+    if binary is None:
+        return None
+    raw = gw.profiles / "pyspy.txt"
+    seconds = 4.0
+    rec = start_record(binary, gw.proc.pid, seconds, raw)
+    time.sleep(0.5)  # py-spy attaches
+    ok = asyncio.run(_load_for(gw, shape, seconds - 0.5))
+    try:
+        _, err = rec.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        rec.kill()
+        rec.communicate()
+        return {"error": "py-spy did not finish"}
+    if rec.returncode != 0 or not raw.exists():
+        return {"error": f"py-spy failed: {err.decode(errors='replace')[-300:]}"}
+    text = relative_paths(raw.read_text())
+    out.write_text(text)
+    shares, samples = phase_shares(text)
+    return {"requests": ok, "samples": samples, "shares": shares, "stacks": _rel(out)}
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
+async def _load_for(gw: Gateway, shape: Shape, seconds: float) -> int:
+    async with make_session(shape.concurrency) as session:
+        res = await run_load(
+            session,
+            gw.url + "/v1/chat/completions",
+            shape.body,
+            False,
+            shape.concurrency,
+            1_000_000,
+            duration_s=seconds,
+            grace_s=10.0,
+        )
+    return res.ok
+
+
+def profile_shape(gw: Gateway, shape: Shape, rounds: int, index: int, out: Path) -> dict[str, Any]:
     asyncio.run(_load(gw, shape, max(20, shape.requests // 5), shape.concurrency))  # warm-up
-    cpu = [_cpu_window(gw, shape, shape.concurrency) for _ in range(rounds)]
+    # CPU windows and direct timings alternate, so both see the same load on the machine
+    cpu: list[float] = []
+    timings: list[dict[str, float]] = []
+    repeats = 9 if len(shape.body) > 100_000 else 501
+    for _ in range(rounds):
+        cpu.append(_cpu_window(gw, shape, shape.concurrency))
+        timings.append(direct_timings(shape.body, repeats))
     cpu_us = statistics.median(cpu)
+    direct = median_timings(timings)
     stats, ok, thread_cpu = _profiled(gw, shape, index)
     split = PhaseSplit(stats)
     seconds = split.phase_seconds()
     calls = split.phase_calls()
     own_total = sum(seconds.values())
     fixed = corrected_phases(seconds, calls, thread_cpu, cpu_us * ok / 1e6)
-    fixed_total = sum(fixed.values())
+    fixed_us = {p: v / ok * 1e6 for p, v in fixed.items()}
+    body_work = direct_phases(direct)
+    final = measured_phases(fixed_us, body_work, cpu_us)
     phases = [
         {
             "phase": phase,
-            "us": s / ok * 1e6,
-            "share": s / fixed_total,
+            "us": us,
+            "share": us / cpu_us,
+            "timed_directly": phase in body_work,
+            "corrected_profile_us": fixed_us.get(phase, 0.0),
             "profiled_us": seconds.get(phase, 0.0) / ok * 1e6,
             "calls": calls.get(phase, 0.0) / ok,
         }
-        for phase, s in sorted(fixed.items(), key=lambda kv: kv[1], reverse=True)
+        for phase, us in sorted(final.items(), key=lambda kv: kv[1], reverse=True)
     ]
     return {
         "shape": shape.name,
@@ -179,7 +242,8 @@ def profile_shape(gw: Gateway, shape: Shape, rounds: int, index: int) -> dict[st
         "profiler_cost_us_per_call": (thread_cpu - cpu_us * ok / 1e6)
         / max(1.0, sum(calls.values()))
         * 1e6,
-        "direct": direct_timings(shape.body),
+        "direct": direct,
+        "pyspy": _sampled(gw, shape, out / f"profile-{shape.name}.pyspy.txt"),
         "phases": phases,
         "top_cumulative": [asdict(r) for r in top_rows(stats, split, ok, "cumulative")],
         "top_own": [asdict(r) for r in top_rows(stats, split, ok, "own")],
@@ -256,7 +320,8 @@ def _run(args: argparse.Namespace, logs: Path, procs: list[Proc]) -> dict[str, A
         Shape("agent-400KB", agent_body(), 400 // scale, args.concurrency),
         Shape("small", small_body(False), 3000 // scale, args.concurrency),
     ]
-    results = [profile_shape(memory, s, args.rounds, i + 1) for i, s in enumerate(shapes)]
+    out_dir = Path(args.out)
+    results = [profile_shape(memory, s, args.rounds, i + 1, out_dir) for i, s in enumerate(shapes)]
     out: dict[str, Any] = {"shapes": results}
     if not args.no_redis:
         port = free_port()
