@@ -62,14 +62,24 @@ def _parsers() -> dict[str, Parse]:
             protocol.parse_json_document
         ),
         "orjson.loads (no limits)": orjson.loads,
-        "orjson + depth walk": lambda raw: walked(orjson.loads(no_bom(raw)), False),
+        "orjson + depth walk": lambda raw: _marked(raw, walked(orjson.loads(no_bom(raw)), False)),
         "msgspec decode (no limits)": decoder.decode,
-        "msgspec + depth/int walk": lambda raw: walked(decoder.decode(no_bom(raw)), True),
+        "msgspec + depth/int walk": lambda raw: _marked(
+            raw, walked(decoder.decode(no_bom(raw)), True)
+        ),
     }
 
 
+def _marked(raw: bytes, data: object) -> tuple[object, bool]:
+    """(object, forwardable) as the gateway's parse returns it: a BOM is seen in
+    the bytes; a repeated key is not (neither parser reports one)."""
+    return data, not raw.startswith(b"\xef\xbb\xbf")
+
+
 def _limits_walk_only() -> dict[str, Callable[[object], object]]:
-    """The walks alone, on an already parsed body."""
+    """The walks alone, and re-encoding, on an already parsed body."""
+    import msgspec
+    import orjson
 
     def gateway_walk(data: object) -> object:
         assert isinstance(data, dict)
@@ -81,7 +91,14 @@ def _limits_walk_only() -> dict[str, Callable[[object], object]]:
         "gateway walk (depth, ints, finite; no surrogates)": gateway_walk,
         "depth walk": lambda d: walked(d, False),
         "depth + int walk": lambda d: walked(d, True),
+        "re-encode: json.dumps (the gateway's rawbody.encode)": _stdlib_encode,
+        "re-encode: orjson.dumps": orjson.dumps,
+        "re-encode: msgspec.json.encode": msgspec.json.encode,
     }
+
+
+def _stdlib_encode(data: object) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _bound(fn: Callable[[Any], object], arg: Any) -> Callable[[], object]:

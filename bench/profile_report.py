@@ -45,9 +45,8 @@ def _phase_table(shape: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---|---:|---:|---:|",
     ]
     for p in shape["phases"]:
-        how = "timed directly" if p["timed_directly"] else "rest, by profile"
         lines.append(
-            f"| {p['phase']} | {p['us']:,.1f} | {p['share'] * 100:.1f}% | {how} | "
+            f"| {p['phase']} | {p['us']:,.1f} | {p['share'] * 100:.1f}% | {p['how']} | "
             f"{p['corrected_profile_us']:,.1f} | {p['profiled_us']:,.1f} | {p['calls']:,.0f} |"
         )
     spy = shape.get("pyspy") or {}
@@ -83,7 +82,8 @@ def _pyspy_note(spy: dict[str, Any] | None) -> str:
     return (
         f"`py-spy share`: of {spy['samples']:,} samples (250 Hz, non-blocking) over "
         f"{spy['requests']:,} requests in a separate unprofiled window; C code counts to the "
-        "Python frame calling it, and event loop internals to `other`. Collapsed stacks "
+        "Python frame calling it, uvloop's internals to `event loop + sockets`, builtins "
+        "that copy bodies to their caller. Collapsed stacks "
         f"(flame-graph / speedscope input): `{spy['stacks']}`."
     )
 
@@ -145,45 +145,51 @@ def _counts(d: dict[str, float]) -> str:
     return ", ".join(f"`{k}` {v:.2f}" for k, v in d.items() if abs(v) >= 0.005) or "none"
 
 
-def _redis_section(r: dict[str, Any]) -> list[str]:
-    cpu = r["gateway_cpu_us_per_request"]
-    rounds = r["gateway_cpu_us_per_request_rounds"]
-    fleet = 1e6 / r["redis_cpu_us_per_request"] if r["redis_cpu_us_per_request"] > 0 else None
+def _redis_window(name: str, w: dict[str, Any]) -> list[str]:
+    cpu = w["redis_cpu_us_per_request"]
+    fleet = f"~{1e6 / cpu:,.0f}" if cpu > 0 else "n/a"
     return [
-        "## Redis (`state.backend: redis`), small requests, sequential",
-        "",
-        f"{r['requests']} sequential small requests in {r['wall_s']:.1f} s; Redis's background "
-        f"rate over a {r['idle_window_s']:.0f} s idle window (subtracted below): "
-        f"{_counts(r['idle_commands_per_s'])} commands/s, "
-        f"{r['idle_cpu_us_per_s']:,.0f} µs CPU/s.",
+        f"### {name}: {w['requests']} requests in {w['wall_s']:.1f} s",
         "",
         "| per request | value |",
         "|---|---:|",
-        f"| round trips (MONITOR, top-level commands) | {r['round_trips_per_request']:.2f} |",
-        f"| commands run inside scripts (MONITOR) | {r['script_commands_per_request']:.2f} |",
-        f"| commands in all (INFO commandstats) | {r['commands_total_per_request']:.2f} |",
-        f"| Redis CPU (INFO cpu, user + sys) | {r['redis_cpu_us_per_request']:,.1f} µs |",
-        f"| gateway CPU, memory state | {cpu['gateway']:,.0f} µs |",
-        f"| gateway CPU, redis state | {cpu['gateway-redis']:,.0f} µs |",
-        f"| redis / memory gateway CPU | {r['redis_over_memory']:.2f}× |",
+        f"| round trips (MONITOR, top-level commands) | {w['round_trips_per_request']:.2f} |",
+        f"| commands run inside scripts (MONITOR) | {w['script_commands_per_request']:.2f} |",
+        f"| commands in all (INFO commandstats) | {w['commands_total_per_request']:.2f} |",
+        f"| Redis CPU (INFO cpu, user + sys) | {cpu:,.1f} µs |",
+        f"| requests/s one Redis core could serve at that CPU | {fleet} |",
         "",
-        f"Round trips by command (MONITOR over {r['monitor_requests']} requests): "
-        f"{_counts(r['monitor_round_trips_per_request'])}.",
-        f"Inside scripts: {_counts(r['monitor_script_commands_per_request'])}.",
-        f"INFO commandstats per request: {_counts(r['commands_per_request'])}.",
-        "",
-        "Gateway CPU per request in interleaved windows (µs): "
-        + "; ".join(f"{k}: " + ", ".join(f"{v:,.0f}" for v in vs) for k, vs in rounds.items())
-        + ".",
-        "",
-        (
-            f"At this Redis CPU per request one Redis core serves at most ~{fleet:,.0f} "
-            "requests/s across all gateway instances."
-            if fleet
-            else ""
-        ),
+        f"Round trips by command (MONITOR over {w['monitor_requests']} requests): "
+        f"{_counts(w['monitor_round_trips_per_request'])}.",
+        f"Inside scripts: {_counts(w['monitor_script_commands_per_request'])}.",
+        f"INFO commandstats per request: {_counts(w['commands_per_request'])}.",
         "",
     ]
+
+
+def _redis_section(r: dict[str, Any]) -> list[str]:
+    cpu = r["gateway_cpu_us_per_request"]
+    rounds = r["gateway_cpu_us_per_request_rounds"]
+    lines = [
+        "## Redis (`state.backend: redis`), small requests",
+        "",
+        f"Redis's background rate over a {r['idle_window_s']:.0f} s idle window (subtracted "
+        f"below): {_counts(r['idle_commands_per_s'])} commands/s, "
+        f"{r['idle_cpu_us_per_s']:,.0f} µs CPU/s.",
+        "",
+    ]
+    for name, window in r["windows"].items():
+        lines += _redis_window(name, window)
+    lines += [
+        "### Gateway CPU per small request, memory vs redis state (sequential, interleaved)",
+        "",
+        f"memory: {cpu['gateway']:,.0f} µs, redis: {cpu['gateway-redis']:,.0f} µs, "
+        f"ratio **{r['redis_over_memory']:.2f}×** (windows, µs: "
+        + "; ".join(f"{k}: " + ", ".join(f"{v:,.0f}" for v in vs) for k, vs in rounds.items())
+        + ").",
+        "",
+    ]
+    return lines
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -210,7 +216,12 @@ def markdown(data: dict[str, Any]) -> str:
         "(`timed directly`, table below), and the rest of the gateway process's unprofiled "
         "CPU per request (median of windows) split over the other phases in proportion to "
         "their profiled own time less their calls × the profiler's mean cost per call "
-        "(`profile, corrected`: (profiled loop CPU − unprofiled CPU) / calls). `event loop "
+        "(`profile, corrected`: (profiled loop CPU − unprofiled CPU) / calls; it under-counts "
+        "phases of many cheap builtin calls, e.g. metrics). `py-spy share` (when py-spy is "
+        "installed) is a sampling profile of a separate unprofiled window, for comparison: "
+        "it has no per-call cost, but on an oversubscribed machine it also samples a thread "
+        "that is runnable and waiting for a core (e.g. right after a socket write wakes the "
+        "upstream), so it over-counts the code before such waits. `event loop "
         "internals` is the loop thread's CPU outside every Python frame (uvloop's C code, "
         "syscalls). `calls` counts a coroutine's resumptions as calls (cProfile does).",
         "",

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ from bench.profile_phases import (
     top_rows,
 )
 from bench.profile_pyspy import phase_shares, pyspy_binary, relative_paths, start_record
-from bench.profile_redis import Monitor, read_counters, start_redis
+from bench.profile_redis import Monitor, RedisCounters, read_counters, start_redis
 from bench.profile_report import markdown, run_manifest
 from gateway.http.serving import free_port
 
@@ -216,13 +217,19 @@ def profile_shape(gw: Gateway, shape: Shape, rounds: int, index: int, out: Path)
     fixed = corrected_phases(seconds, calls, thread_cpu, cpu_us * ok / 1e6)
     fixed_us = {p: v / ok * 1e6 for p, v in fixed.items()}
     body_work = direct_phases(direct)
+    spy = _sampled(gw, shape, out / f"profile-{shape.name}.pyspy.txt")
+    # The rest is split by the corrected profile (CPU time of every call); py-spy's
+    # samples are shown beside it: on an oversubscribed machine they also count time
+    # spent runnable but descheduled (e.g. right after a socket write wakes the upstream).
     final = measured_phases(fixed_us, body_work, cpu_us)
+    for phase in fixed_us:
+        final.setdefault(phase, 0.0)
     phases = [
         {
             "phase": phase,
             "us": us,
             "share": us / cpu_us,
-            "timed_directly": phase in body_work,
+            "how": "timed directly" if phase in body_work else "rest, by corrected profile",
             "corrected_profile_us": fixed_us.get(phase, 0.0),
             "profiled_us": seconds.get(phase, 0.0) / ok * 1e6,
             "calls": calls.get(phase, 0.0) / ok,
@@ -243,7 +250,7 @@ def profile_shape(gw: Gateway, shape: Shape, rounds: int, index: int, out: Path)
         / max(1.0, sum(calls.values()))
         * 1e6,
         "direct": direct,
-        "pyspy": _sampled(gw, shape, out / f"profile-{shape.name}.pyspy.txt"),
+        "pyspy": spy,
         "phases": phases,
         "top_cumulative": [asdict(r) for r in top_rows(stats, split, ok, "cumulative")],
         "top_own": [asdict(r) for r in top_rows(stats, split, ok, "own")],
@@ -253,20 +260,31 @@ def profile_shape(gw: Gateway, shape: Shape, rounds: int, index: int, out: Path)
     }
 
 
-def redis_costs(
-    memory: Gateway, redis_gw: Gateway, port: int, shape: Shape, rounds: int
+async def _load_unique(gw: Gateway, n: int, offset: int) -> int:
+    """`n` sequential small requests, each opening a new conversation."""
+    ok = 0
+    async with make_session(1) as session:
+        for i in range(offset, offset + n):
+            body = small_body(False).replace(b"Say hello.", f"Say hello {i}.".encode())
+            async with session.post(
+                gw.url + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as resp:
+                await resp.read()
+                ok += resp.status == 200
+    if ok != n:
+        raise RuntimeError(f"{gw.name}: {n - ok} of {n} unique requests failed")
+    return ok
+
+
+def _redis_window(
+    client: redis.Redis, port: int, idle: RedisCounters, idle_s: float, send: Callable[[int], int]
 ) -> dict[str, Any]:
-    """Redis commands, round trips and CPU per sequential small request, and
-    both gateways' CPU per request in interleaved windows."""
-    client = redis.Redis(port=port)
-    asyncio.run(_load(redis_gw, shape, 50, 1))
-    idle_s = 3.0
-    before = read_counters(client)
-    time.sleep(idle_s)
-    idle = read_counters(client).minus(before)
+    """Counters around `send(n)` (less the idle rate), then a MONITOR of 20 more."""
     start = read_counters(client)
     t0 = time.monotonic()
-    ok = asyncio.run(_load(redis_gw, shape, shape.requests, 1))
+    ok = send(0)
     wall = time.monotonic() - t0
     delta = read_counters(client).minus(start)
     background = wall / idle_s
@@ -275,8 +293,52 @@ def redis_costs(
         for name, calls in sorted(delta.commands.items())
     }
     monitor = Monitor(port)
-    mon_requests = asyncio.run(_load(redis_gw, shape, 20, 1))
+    mon = send(20)
     top, lua = monitor.stop()
+    return {
+        "requests": ok,
+        "wall_s": wall,
+        "commands_per_request": commands,
+        "commands_total_per_request": sum(commands.values()),
+        "redis_cpu_us_per_request": (delta.cpu_s - idle.cpu_s * background) / ok * 1e6,
+        "monitor_requests": mon,
+        "monitor_round_trips_per_request": {n: c / mon for n, c in sorted(top.items())},
+        "monitor_script_commands_per_request": {n: c / mon for n, c in sorted(lua.items())},
+        "round_trips_per_request": sum(top.values()) / mon,
+        "script_commands_per_request": sum(lua.values()) / mon,
+    }
+
+
+def redis_costs(
+    memory: Gateway, redis_gw: Gateway, port: int, shape: Shape, rounds: int
+) -> dict[str, Any]:
+    """Redis commands, round trips and CPU per small request (the same body
+    resent, each request a new conversation, both sequential; the same body
+    with 32 in flight), and both gateways' CPU per sequential request in
+    interleaved windows."""
+    client = redis.Redis(port=port)
+    asyncio.run(_load(redis_gw, shape, 50, 1))
+    idle_s = 3.0
+    before = read_counters(client)
+    time.sleep(idle_s)
+    idle = read_counters(client).minus(before)
+    offsets = iter(range(1, 1000))
+
+    def resent(n: int) -> int:
+        return asyncio.run(_load(redis_gw, shape, n or shape.requests, 1))
+
+    def unique(n: int) -> int:
+        count = n or shape.requests // 2
+        return asyncio.run(_load_unique(redis_gw, count, next(offsets) * 100_000))
+
+    def resent_32(n: int) -> int:
+        return asyncio.run(_load(redis_gw, shape, n or shape.requests, 32))
+
+    windows = {
+        "same body resent": _redis_window(client, port, idle, idle_s, resent),
+        "a new conversation each": _redis_window(client, port, idle, idle_s, unique),
+        "same body resent, 32 in flight": _redis_window(client, port, idle, idle_s, resent_32),
+    }
     gw_cpu: dict[str, list[float]] = {memory.name: [], redis_gw.name: []}
     for r in range(rounds):
         order = (memory, redis_gw) if r % 2 == 0 else (redis_gw, memory)
@@ -284,22 +346,11 @@ def redis_costs(
             gw_cpu[gw.name].append(_cpu_window(gw, shape, 1))
     med = {name: statistics.median(v) for name, v in gw_cpu.items()}
     return {
-        "requests": ok,
         "concurrency": 1,
-        "wall_s": wall,
         "idle_window_s": idle_s,
         "idle_commands_per_s": {n: c / idle_s for n, c in sorted(idle.commands.items())},
         "idle_cpu_us_per_s": idle.cpu_s / idle_s * 1e6,
-        "commands_per_request": commands,
-        "commands_total_per_request": sum(commands.values()),
-        "redis_cpu_us_per_request": (delta.cpu_s - idle.cpu_s * background) / ok * 1e6,
-        "monitor_requests": mon_requests,
-        "monitor_round_trips_per_request": {n: c / mon_requests for n, c in sorted(top.items())},
-        "monitor_script_commands_per_request": {
-            n: c / mon_requests for n, c in sorted(lua.items())
-        },
-        "round_trips_per_request": sum(top.values()) / mon_requests,
-        "script_commands_per_request": sum(lua.values()) / mon_requests,
+        "windows": windows,
         "gateway_cpu_us_per_request_rounds": gw_cpu,
         "gateway_cpu_us_per_request": med,
         "redis_over_memory": med[redis_gw.name] / med[memory.name],
