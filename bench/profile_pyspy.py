@@ -12,7 +12,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.profile_phases import UNATTRIBUTED, rule_phase
 
@@ -63,3 +66,36 @@ def phase_shares(collapsed: str) -> tuple[dict[str, float], int]:
         counts[phase] = counts.get(phase, 0) + int(count)
         total += int(count)
     return ({p: c / total for p, c in counts.items()} if total else {}), total
+
+
+def sample_window(
+    pid: int, load: Callable[[float], int], raw: Path, out: Path, seconds: float = 4.0
+) -> dict[str, Any] | None:
+    """py-spy records `pid` while `load(seconds)` runs requests (None without
+    py-spy): phase shares of the samples; the collapsed stacks, with relative
+    paths, are written to `out`."""
+    binary = pyspy_binary()
+    if binary is None:
+        return None
+    rec = start_record(binary, pid, seconds, raw)
+    time.sleep(0.5)  # py-spy attaches
+    ok = load(seconds - 0.5)
+    try:
+        _, err = rec.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        rec.kill()
+        rec.communicate()
+        return {"error": "py-spy did not finish"}
+    if rec.returncode != 0 or not raw.exists():
+        return {"error": f"py-spy failed: {err.decode(errors='replace')[-300:]}"}
+    text = relative_paths(raw.read_text())
+    out.write_text(text)
+    shares, samples = phase_shares(text)
+    return {"requests": ok, "samples": samples, "shares": shares, "stacks": _relative(out)}
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name

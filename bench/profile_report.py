@@ -167,6 +167,10 @@ def _redis_window(name: str, w: dict[str, Any]) -> list[str]:
     ]
 
 
+def _ratio(value: float | None) -> str:
+    return "n/a (windows too short)" if value is None else f"{value:.2f}×"
+
+
 def _redis_section(r: dict[str, Any]) -> list[str]:
     cpu = r["gateway_cpu_us_per_request"]
     rounds = r["gateway_cpu_us_per_request_rounds"]
@@ -184,7 +188,7 @@ def _redis_section(r: dict[str, Any]) -> list[str]:
         "### Gateway CPU per small request, memory vs redis state (sequential, interleaved)",
         "",
         f"memory: {cpu['gateway']:,.0f} µs, redis: {cpu['gateway-redis']:,.0f} µs, "
-        f"ratio **{r['redis_over_memory']:.2f}×** (windows, µs: "
+        f"ratio **{_ratio(r['redis_over_memory'])}** (windows, µs: "
         + "; ".join(f"{k}: " + ", ".join(f"{v:,.0f}" for v in vs) for k, vs in rounds.items())
         + ").",
         "",

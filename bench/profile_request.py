@@ -30,7 +30,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ from bench.profile_phases import (
     top_by_phase,
     top_rows,
 )
-from bench.profile_pyspy import phase_shares, pyspy_binary, relative_paths, start_record
+from bench.profile_pyspy import sample_window
 from bench.profile_redis import Monitor, RedisCounters, read_counters, start_redis
 from bench.profile_report import markdown, run_manifest
 from gateway.http.serving import free_port
@@ -152,35 +151,12 @@ def _profiled(gw: Gateway, shape: Shape, index: int) -> tuple[dict[Func, Any], i
 
 
 def _sampled(gw: Gateway, shape: Shape, out: Path) -> dict[str, Any] | None:
-    """A py-spy window (None without py-spy): phase shares of its samples;
-    the collapsed stacks are written to `out`."""
-    binary = pyspy_binary()
-    if binary is None:
-        return None
-    raw = gw.profiles / "pyspy.txt"
-    seconds = 4.0
-    rec = start_record(binary, gw.proc.pid, seconds, raw)
-    time.sleep(0.5)  # py-spy attaches
-    ok = asyncio.run(_load_for(gw, shape, seconds - 0.5))
-    try:
-        _, err = rec.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        rec.kill()
-        rec.communicate()
-        return {"error": "py-spy did not finish"}
-    if rec.returncode != 0 or not raw.exists():
-        return {"error": f"py-spy failed: {err.decode(errors='replace')[-300:]}"}
-    text = relative_paths(raw.read_text())
-    out.write_text(text)
-    shares, samples = phase_shares(text)
-    return {"requests": ok, "samples": samples, "shares": shares, "stacks": _rel(out)}
+    """A py-spy window over `shape`'s load (None without py-spy)."""
 
+    def load(seconds: float) -> int:
+        return asyncio.run(_load_for(gw, shape, seconds))
 
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return path.name
+    return sample_window(gw.proc.pid, load, gw.profiles / "pyspy.txt", out)
 
 
 async def _load_for(gw: Gateway, shape: Shape, seconds: float) -> int:
@@ -353,7 +329,8 @@ def redis_costs(
         "windows": windows,
         "gateway_cpu_us_per_request_rounds": gw_cpu,
         "gateway_cpu_us_per_request": med,
-        "redis_over_memory": med[redis_gw.name] / med[memory.name],
+        # None when the windows were too short for /proc's 10 ms CPU ticks
+        "redis_over_memory": med[redis_gw.name] / med[memory.name] if med[memory.name] else None,
     }
 
 
