@@ -10,6 +10,7 @@ Only command names are kept, never their arguments.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import socket
@@ -22,7 +23,7 @@ import redis
 
 from bench.procs import Proc
 
-_MONITOR_LINE = re.compile(rb'^\+\d+\.\d+ \[(\d+) ([^\]]+)\] "([^"]+)"')
+_MONITOR_LINE = re.compile(rb'^\+\d+\.\d+ \[(\d+) ([^\]]+)\] "([^"]+)"(?: "([0-9a-f]{40})")?')
 #: This harness's own commands, left out of the counts.
 _OWN = frozenset({"info", "monitor"})
 
@@ -67,10 +68,28 @@ def read_counters(client: redis.Redis) -> RedisCounters:
     return RedisCounters(commands, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
 
 
-class Monitor:
-    """A raw `MONITOR` connection, read until `stop()` (bounded in lines and time)."""
+def script_names() -> dict[str, str]:
+    """SHA1 → name of the gateway's Lua scripts, built as `gateway.state.redis` builds them."""
+    lua = Path(__file__).resolve().parent.parent / "gateway" / "state" / "lua"
+    common = (lua / "common.lua").read_text()
+    return {
+        hashlib.sha1((common + "\n" + f.read_text()).encode()).hexdigest(): f.stem
+        for f in sorted(lua.glob("*.lua"))
+        if f.stem != "common"
+    }
 
-    def __init__(self, port: int, max_lines: int = 100_000) -> None:
+
+class Monitor:
+    """A raw `MONITOR` connection, read until `stop()` (bounded in lines and time).
+    With `scripts` (SHA1 → name), each `EVALSHA` is counted by script name and
+    the commands a script runs (logged after its `EVALSHA`) under that name
+    in `by_script`."""
+
+    def __init__(
+        self, port: int, max_lines: int = 100_000, scripts: dict[str, str] | None = None
+    ) -> None:
+        self.scripts = scripts or {}
+        self.by_script: dict[str, Counter[str]] = {}
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         self.sock.sendall(b"MONITOR\r\n")
         self.max_lines = max_lines
@@ -95,6 +114,7 @@ class Monitor:
         self.sock.settimeout(0.2)
         top: Counter[str] = Counter()
         lua: Counter[str] = Counter()
+        script = "?"
         try:
             for _ in range(self.max_lines):
                 line = self._read_line()
@@ -104,7 +124,17 @@ class Monitor:
                 if m is None:
                     continue
                 name = m.group(3).decode(errors="replace").lower()
-                (lua if m.group(2) == b"lua" else top)[name] += 1
+                if m.group(2) == b"lua":
+                    lua[name] += 1
+                    self.by_script.setdefault(script, Counter())[name] += 1
+                    continue
+                if m.group(4) is not None and name == "evalsha":
+                    sha = m.group(4).decode()
+                    script = self.scripts.get(sha, sha[:12])
+                    name = f"evalsha {script}"
+                else:
+                    script = name
+                top[name] += 1
         except TimeoutError:
             pass
         finally:

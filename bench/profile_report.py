@@ -162,6 +162,11 @@ def _redis_window(name: str, w: dict[str, Any]) -> list[str]:
         f"Round trips by command (MONITOR over {w['monitor_requests']} requests): "
         f"{_counts(w['monitor_round_trips_per_request'])}.",
         f"Inside scripts: {_counts(w['monitor_script_commands_per_request'])}.",
+        *[
+            f"- `{script}`: {_counts(counts)} ({sum(counts.values()):.1f} commands per request)"
+            for script, counts in w.get("monitor_script_commands_by_script_per_request", {}).items()
+        ],
+        "",
         f"INFO commandstats per request: {_counts(w['commands_per_request'])}.",
         "",
     ]

@@ -53,7 +53,13 @@ from bench.profile_phases import (
     top_rows,
 )
 from bench.profile_pyspy import sample_window
-from bench.profile_redis import Monitor, RedisCounters, read_counters, start_redis
+from bench.profile_redis import (
+    Monitor,
+    RedisCounters,
+    read_counters,
+    script_names,
+    start_redis,
+)
 from bench.profile_report import markdown, run_manifest
 from gateway.http.serving import free_port
 
@@ -268,7 +274,7 @@ def _redis_window(
         name: (calls - idle.commands.get(name, 0) * background) / ok
         for name, calls in sorted(delta.commands.items())
     }
-    monitor = Monitor(port)
+    monitor = Monitor(port, scripts=script_names())
     mon = send(20)
     top, lua = monitor.stop()
     return {
@@ -282,6 +288,10 @@ def _redis_window(
         "monitor_script_commands_per_request": {n: c / mon for n, c in sorted(lua.items())},
         "round_trips_per_request": sum(top.values()) / mon,
         "script_commands_per_request": sum(lua.values()) / mon,
+        "monitor_script_commands_by_script_per_request": {
+            script: {n: c / mon for n, c in sorted(counts.items())}
+            for script, counts in sorted(monitor.by_script.items())
+        },
     }
 
 

@@ -5,6 +5,7 @@ counting against a real redis-server, and the hostile-input verdicts."""
 from __future__ import annotations
 
 import cProfile
+import hashlib
 import json
 import pstats
 import time
@@ -22,13 +23,14 @@ from bench.profile_phases import (
     rule_phase,
 )
 from bench.profile_pyspy import phase_shares, relative_paths
-from bench.profile_redis import Monitor, read_counters
+from bench.profile_redis import Monitor, read_counters, script_names
 from gateway.ingress.protocol import (
     MAX_JSON_DEPTH,
     parse_json_document,
     parse_request,
     prompt_parts,
 )
+from gateway.state import redis as redis_store
 from tests.redisserver import redis_server
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -98,21 +100,33 @@ def test_pyspy_samples_go_to_their_innermost_ruled_frame() -> None:
     assert "/usr/lib" not in relative_paths(collapsed)
 
 
+SCRIPT = "redis.call('SET', KEYS[1], 'v'); return redis.call('GET', KEYS[1])"
+
+
 @pytest.mark.redis
 def test_redis_round_trips_and_script_commands_are_told_apart() -> None:
     with redis_server() as server:
         client = redis.Redis(port=server.port)
+        script = client.register_script(SCRIPT)
+        client.script_load(SCRIPT)
         before = read_counters(client)
-        monitor = Monitor(server.port)
-        client.eval("redis.call('SET', KEYS[1], 'v'); return redis.call('GET', KEYS[1])", 1, "k")
+        monitor = Monitor(server.port, scripts={script.sha: "mine"})
+        script(keys=["k"])
         client.get("k")
         time.sleep(0.1)
         top, lua = monitor.stop()
         delta = read_counters(client).minus(before)
-    assert top == {"eval": 1, "get": 1}
+    assert top == {"evalsha mine": 1, "get": 1}
     assert lua == {"set": 1, "get": 1}
-    assert delta.commands == {"eval": 1, "set": 1, "get": 2}
+    assert monitor.by_script == {"mine": {"set": 1, "get": 1}}
+    assert delta.commands == {"evalsha": 1, "set": 1, "get": 2}
     assert delta.cpu_s >= 0
+
+
+def test_script_names_are_the_shas_the_gateway_registers() -> None:
+    names = script_names()
+    for name in ("reserve", "settle", "get", "renew"):
+        assert names[hashlib.sha1(redis_store._script(name).encode()).hexdigest()] == name
 
 
 def test_the_hostile_cases_match_the_gateway_and_plain_json_misses_them() -> None:
