@@ -9,7 +9,8 @@ The payload is `[ts, [event, ...], data_parallel_rank]` (the rank may be missing
 each event is a msgpack map with a `"type"` key: `BlockStored` (`block_hashes`,
 `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`, and fields this
 decoder does not need), `BlockRemoved` (`block_hashes`, `medium`), `AllBlocksCleared`.
-Block hashes are bytes (sha256 hashing) or integers. Event types this module does not
+Block hashes are integers by default (the low 64 bits of the sha256 block hash; vLLM's
+`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0` sends the 32 bytes instead, also accepted). Event types this module does not
 know are kept as `UnknownEvent` so that a newer engine does not break a subscriber.
 
 Needs `msgpack` (the `kv-events` extra); importing it without raises an ImportError that

@@ -444,7 +444,11 @@ def test_kv_events_from_the_real_stream(vllm_idle: list[VLLMServer]) -> None:
     full = len(tokens) // BLOCK_SIZE * BLOCK_SIZE
     assert token_ids[:full] == tokens[:full]  # the blocks hold the prompt's tokens, in order
     assert events[0].parent_block_hash is None
-    assert all(isinstance(h, bytes) and len(h) == 32 for h in hashes)  # sha256
+    for prev, cur in zip(events, events[1:], strict=False):  # a chain over the prompt
+        assert cur.parent_block_hash == prev.block_hashes[-1]
+    # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES defaults to 1: the low 64 bits of the sha256 hash
+    assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
+    assert len(set(hashes)) == len(hashes)
     assert not [e for _, e in again if set(e.block_hashes) & set(hashes)], "cached prompt stored"
 
 
