@@ -424,8 +424,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llama-server: {server_binary_path()} ({'ready' if is_built() else 'MISSING'})")
         print(f"model:        {model_path()} ({'ready' if model_path().is_file() else 'MISSING'})")
         times = vllm_engine.step_times(cache_root())
-        state = ", ".join(f"{k} {'MISSING' if v is None else f'{v:.0f} s'}" for k, v in times.items())
-        print(f"vllm:         {vllm_python()} ({'ready' if vllm_is_ready() else 'MISSING'}: {state})")
+        state = ", ".join(
+            f"{k} {'MISSING' if v is None else f'{v:.0f} s'}" for k, v in times.items()
+        )
+        print(
+            f"vllm:         {vllm_python()} ({'ready' if vllm_is_ready() else 'MISSING'}: {state})"
+        )
         print(f"vllm model:   {vllm_model_dir()}")
         return 0 if ok else 1
     try:

@@ -10,8 +10,9 @@ each event is a msgpack map with a `"type"` key: `BlockStored` (`block_hashes`,
 `parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`, and fields this
 decoder does not need), `BlockRemoved` (`block_hashes`, `medium`), `AllBlocksCleared`.
 Block hashes are integers by default (the low 64 bits of the sha256 block hash; vLLM's
-`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0` sends the 32 bytes instead, also accepted). Event types this module does not
-know are kept as `UnknownEvent` so that a newer engine does not break a subscriber.
+`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0` sends the 32 bytes instead, also accepted). Event
+types this module does not know are kept as `UnknownEvent`, so that a newer engine does
+not break a subscriber.
 
 Needs `msgpack` (the `kv-events` extra); importing it without raises an ImportError that
 says what to install.
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 try:
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "gateway.engines.kv_events needs msgpack: pip install 'llm-admission-gateway[kv-events]'"
@@ -168,7 +169,7 @@ def _ints(event: Mapping[str, Any], key: str, where: str) -> tuple[int, ...]:
 
 def _int_field(event: Mapping[str, Any], key: str, where: str) -> int:
     value = event.get(key)
-    if not _is_int(value) or value <= 0:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise KVEventDecodeError(f"kv {where}.{key}: expected a positive int, got {value!r}")
     return int(value)
 

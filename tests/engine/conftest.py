@@ -39,7 +39,6 @@ from typing import Any
 
 import pytest
 
-from .vllmserver import SHARED_BLOCKS, VLLMServer, start_vllm_servers, wait_idle
 from .llamaserver import (
     CTX_SIZE,
     ENGINE_DIR,
@@ -50,6 +49,7 @@ from .llamaserver import (
     start_servers,
     wait_slots_idle,
 )
+from .vllmserver import SHARED_BLOCKS, VLLMServer, start_vllm_servers, wait_idle
 
 engines = load_engines()
 

@@ -30,7 +30,19 @@ from .vllmserver import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, VLLMServer, engine_met
 
 pytestmark = [pytest.mark.engine]
 
-WORDS = "river stone garden window paper market engine signal forest winter bridge".split()
+WORDS = [
+    "river",
+    "stone",
+    "garden",
+    "window",
+    "paper",
+    "market",
+    "engine",
+    "signal",
+    "forest",
+    "winter",
+    "bridge",
+]
 RUNNING = "vllm:num_requests_running"
 AUTH = {"authorization": "Bearer sk-test-client"}
 
@@ -312,7 +324,9 @@ def test_admission_reads_real_metrics_and_refuses_at_tiny_kv(vllm_idle: list[VLL
             lines = first.iter_lines()
             assert any("content" in line for line in lines)
             wait_for(
-                lambda: (gw.replicas()[0]["live"]["engine_running"] or 0) == 1, 5, "poller saw running"
+                lambda: (gw.replicas()[0]["live"]["engine_running"] or 0) == 1,
+                5,
+                "poller saw running",
             )
             wait_for(
                 lambda: (gw.replicas()[0]["live"]["used_tokens"] or 0) > 0, 5, "poller saw KV use"

@@ -193,9 +193,10 @@ def wait_idle(urls: Sequence[str], timeout: float = 60.0) -> None:
     for url in urls:
         while True:
             m = engine_metrics(url)
-            if m.get("vllm:num_requests_running", 0) == 0 and m.get(
-                "vllm:num_requests_waiting", 0
-            ) == 0:
+            if (
+                m.get("vllm:num_requests_running", 0) == 0
+                and m.get("vllm:num_requests_waiting", 0) == 0
+            ):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url}: requests still running after {timeout} s")

@@ -1,4 +1,4 @@
-"""vLLM KV event wire format -> typed events (the real stream: tests/engine/test_gateway_vllm.py)."""
+"""vLLM KV event messages -> typed events (the real stream: tests/engine/test_gateway_vllm.py)."""
 
 from __future__ import annotations
 
