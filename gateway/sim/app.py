@@ -6,7 +6,7 @@ and its native `/completion` (`n_predict`, `content`). Simulator-only routes:
 `GET /sim/stats` (`?records=0` leaves out the per-request records),
 `POST /sim/reset` (optional `{"clear_cache": false}`),
 `POST /sim/fault` (see `faults.py`). An unknown path is a 404: llama.cpp's
-JSON `not_found_error`, vLLM's (Starlette's) plain text.
+JSON `not_found_error`, vLLM's (FastAPI's) `{"detail": "Not Found"}`.
 
 The engine loop starts in the lifespan and is cancelled on shutdown. During
 `warmup_s` a vLLM replica does not listen yet (connection refused, as while
@@ -113,7 +113,7 @@ class SimReplica:
         self.engine = Engine(self.core, self.scheduler)
         self.faults = Faults()
         self._ready_at = config.warmup_s
-        handlers = {404: _llama_not_found} if config.flavor == "llamacpp" else {}
+        handlers = {404: _llama_not_found if config.flavor == "llamacpp" else _vllm_not_found}
         self.app = _SimStarlette(
             routes=self._routes(), lifespan=self._lifespan, exception_handlers=handlers
         )
@@ -316,6 +316,11 @@ async def _llama_not_found(request: Request, exc: Exception) -> Response:
     """llama-server's answer to an unknown path."""
     body = {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
     return JSONResponse(body, status_code=404)
+
+
+async def _vllm_not_found(request: Request, exc: Exception) -> Response:
+    """vLLM's (FastAPI's) answer to an unknown path."""
+    return JSONResponse({"detail": "Not Found"}, status_code=404)
 
 
 def create_sim_app(config: SimConfig) -> Starlette:

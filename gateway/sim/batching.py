@@ -208,6 +208,9 @@ class BatchScheduler:
         if not req.scheduled_once:
             req.scheduled_once = True
             req.record.cached_tokens = hit
+            if self.config.enable_prefix_caching:
+                whole = req.record.prompt_tokens // self._bs * self._bs
+                req.record.created_cache_tokens = max(whole - hit, 0)
             req.record.scheduled = self.core.clock.now()
 
     # --- blocks ----------------------------------------------------------------

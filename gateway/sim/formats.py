@@ -12,8 +12,14 @@ last chunk, then `data: [DONE]` (OpenAI-compatible endpoints only; the native
 `logprobs` key (its completions choices do); native stream pieces carry their
 token ids and `id_slot: -1`, the final one `generation_settings` and `prompt`.
 
+vLLM 0.32 bodies and chunks also carry the fields the simulator has no use for, as
+nulls (`token_ids`, `prompt_token_ids`, `kv_transfer_params`, ...), and the
+`system_fingerprint` on whole bodies and on the last chunk.
+
 `usage.prompt_tokens_details.cached_tokens` is always present (vLLM fills it
-only with `--enable-prompt-tokens-details`).
+only with `--enable-prompt-tokens-details`); vLLM adds `created_cache_tokens`
+on chat (here: the whole blocks this request wrote; null on whole completions
+bodies, absent from completions streams), and `multimodal_tokens` on whole bodies.
 """
 
 from __future__ import annotations
@@ -22,6 +28,12 @@ import time
 from typing import Any
 
 from gateway.sim.llamabodies import LLAMA_BUILD, task_settings
+from gateway.sim.vllmbodies import (
+    VLLM_FINGERPRINT,
+    vllm_body_extras,
+    vllm_choice_extras,
+    vllm_message,
+)
 from gateway.sim.protocol import Job
 from gateway.sim.request import RequestRecord
 
@@ -57,8 +69,12 @@ class Formatter:
         if self.flavor == "llamacpp":
             finish = None
         if self.job.endpoint == "chat":
-            return self._chunk({"content": text}, finish)
-        return self._chunk(text, finish)
+            chunk = self._chunk({"content": text}, finish)
+        else:
+            chunk = self._chunk(text, finish)
+        if self.flavor == "vllm" and finish is not None and not self.job.include_usage:
+            chunk["system_fingerprint"] = VLLM_FINGERPRINT
+        return chunk
 
     def final_chunks(self, reason: str, rec: RequestRecord) -> list[dict[str, Any]]:
         """Chunks after the last token (finish, usage, timings)."""
@@ -68,7 +84,10 @@ class Formatter:
         if self.flavor == "llamacpp":
             chunks.append(self._chunk({} if self.job.endpoint == "chat" else "", reason))
         if self.job.include_usage:
-            chunks.append(self._envelope([], self._object + ".chunk", usage=self.usage(rec)))
+            usage = self.usage(rec, streamed=True)
+            chunks.append(self._envelope([], self._object + ".chunk", usage=usage))
+            if self.flavor == "vllm":
+                chunks[-1]["system_fingerprint"] = VLLM_FINGERPRINT
         if self.flavor == "llamacpp" and chunks:
             chunks[-1]["timings"] = timings(rec)
         return chunks
@@ -86,33 +105,38 @@ class Formatter:
         choice["finish_reason"] = reason
         if self.flavor == "vllm":
             choice["stop_reason"] = None
+            choice.update(vllm_choice_extras(self.job.endpoint, stream=False))
         body = self._envelope([choice], self._object, usage=self.usage(rec))
         if self.flavor == "llamacpp":
             body["timings"] = timings(rec)
+        else:
+            body.update(vllm_body_extras(self.job.endpoint))
         return body
 
-    def usage(self, rec: RequestRecord) -> dict[str, Any]:
-        return {
+    def usage(self, rec: RequestRecord, streamed: bool = False) -> dict[str, Any]:
+        details: dict[str, Any] = {"cached_tokens": rec.cached_tokens}
+        usage: dict[str, Any] = {
             "prompt_tokens": rec.prompt_tokens,
             "completion_tokens": rec.output_tokens,
             "total_tokens": rec.prompt_tokens + rec.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": rec.cached_tokens},
+            "prompt_tokens_details": details,
         }
+        if self.flavor != "vllm":
+            return usage
+        if self.job.endpoint == "chat":
+            details["created_cache_tokens"] = rec.created_cache_tokens
+        elif not streamed:
+            details["created_cache_tokens"] = None  # vLLM 0.32 fills it for chat only
+        if not streamed:
+            details["multimodal_tokens"] = None
+            usage["completion_tokens_details"] = None
+        return usage
 
     # --- helpers -------------------------------------------------------------------
     def _message(self, text: str) -> dict[str, Any]:
         if self.flavor == "llamacpp":
             return {"role": "assistant", "content": text}
-        return {
-            "role": "assistant",
-            "content": text,
-            "refusal": None,
-            "annotations": None,
-            "audio": None,
-            "function_call": None,
-            "tool_calls": [],
-            "reasoning_content": None,
-        }
+        return vllm_message(text)
 
     def _chunk(self, delta: dict[str, Any] | str, finish: str | None) -> dict[str, Any]:
         if isinstance(delta, dict):
@@ -122,9 +146,16 @@ class Formatter:
         if self.flavor == "vllm" or not isinstance(delta, dict):
             choice["logprobs"] = None
         choice["finish_reason"] = finish
-        if self.flavor == "vllm" and finish is not None:
+        if self.flavor == "vllm" and (finish is not None or not isinstance(delta, dict)):
             choice["stop_reason"] = None
-        return self._envelope([choice], self._object + ".chunk")
+        chunk = self._envelope([choice], self._object + ".chunk")
+        if self.flavor == "vllm":
+            role = isinstance(delta, dict) and "role" in delta
+            if role:
+                chunk.update(prompt_token_ids=None, prompt_text=None)
+            else:
+                choice.update(vllm_choice_extras(self.job.endpoint, stream=True))
+        return chunk
 
     def _envelope(self, choices: list[dict[str, Any]], obj: str, **extra: Any) -> dict[str, Any]:
         if obj == "text_completion.chunk":

@@ -31,6 +31,7 @@ from gateway.sim.metrics import VllmMetrics, llamacpp_metrics_text
 from gateway.sim.protocol import SimHTTPError, decode_body, error, error_body
 from gateway.sim.slots import Slot, SlotScheduler
 from gateway.sim.tokens import render_chat, token_pieces, tokenize
+from gateway.sim.vllmbodies import model_permission
 
 
 class SimReplica(Protocol):
@@ -72,15 +73,16 @@ def vllm_routes(replica: SimReplica) -> list[Route]:
 
     async def models(request: Request) -> Response:
         replica.check_auth(request)
+        created = int(time.time())
         card = {
             "id": cfg.model,
             "object": "model",
-            "created": int(time.time()),
+            "created": created,
             "owned_by": "vllm",
             "root": cfg.model,
             "parent": None,
             "max_model_len": cfg.max_model_len,
-            "permission": [],
+            "permission": [model_permission(created)],
         }
         return JSONResponse({"object": "list", "data": [card]})
 

@@ -10,7 +10,9 @@ Output caps: vLLM reads `max_completion_tokens`, else `max_tokens`; without
 either, generation may run to `max_model_len`. llama.cpp reads `n_predict`,
 else `max_completion_tokens`, else `max_tokens` (-1 = unlimited). A cap over
 the remaining context is clamped (vLLM >= 0.32) or refused with
-`reject_overlong_output` (older vLLM).
+`reject_overlong_output` (older vLLM); a cap over `max_model_len` itself is a
+400 naming `max_tokens`, and a negative `temperature` a 400 naming it (vLLM
+0.32's `(parameter=..., value=...)` messages).
 
 An `id_slot` outside the slot range runs on any slot, as in llama.cpp b11434.
 
@@ -105,7 +107,9 @@ def decode_body(config: SimConfig, raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise error(config, 400, f"JSON decode error: {exc}") from exc
+        # vLLM's (FastAPI's) request validation error keeps the HTTP reason as its type
+        kind = "Bad Request" if config.flavor == "vllm" else None
+        raise error(config, 400, f"JSON decode error: {exc}", type_=kind) from exc
     if not isinstance(body, dict):
         raise error(config, 400, "request body must be a JSON object")
     return body
@@ -135,6 +139,7 @@ def parse_job(config: SimConfig, endpoint: Endpoint, body: dict[str, Any]) -> Jo
         recorded={k: body.get(k) for k in RECORDED_FIELDS},
     )
     _check_context(config, job)
+    _check_sampling(config, body)
     return job
 
 
@@ -227,18 +232,35 @@ def _id_slot(config: SimConfig, body: dict[str, Any]) -> int | None:
     return int(slot)
 
 
+def _vllm_param_error(config: SimConfig, message: str, param: str, value: Any) -> SimHTTPError:
+    """vLLM 0.32's parameter errors: the message ends with the parameter and its value."""
+    return error(config, 400, f"{message} (parameter={param}, value={value})", param=param)
+
+
+def _check_sampling(config: SimConfig, body: dict[str, Any]) -> None:
+    if config.flavor != "vllm":
+        return
+    temperature = body.get("temperature")
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool):
+        if temperature < 0:
+            t = float(temperature)
+            raise _vllm_param_error(
+                config, f"temperature must be non-negative, got {t}.", "temperature", t
+            )
+
+
 def _check_context(config: SimConfig, job: Job) -> None:
     if config.flavor != "vllm":
         return
     n, limit = len(job.prompt), config.max_model_len
     if n >= limit:
-        raise error(
+        raise _vllm_param_error(
             config,
-            400,
-            (
-                f"This model's maximum context length is {limit} tokens. However, your prompt "
-                f"contains {n} input tokens. Please reduce the length of the input prompt."
-            ),
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"contains at least {n} input tokens, which exceeds this limit even without any "
+            "output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+            n,
         )
     if config.reject_overlong_output and job.cap is not None and n + job.cap > limit:
         raise error(
@@ -249,6 +271,14 @@ def _check_context(config: SimConfig, job: Job) -> None:
                 f"maximum context length is {limit} tokens and your request has {n} input tokens "
                 f"({job.cap} > {limit} - {n})."
             ),
+        )
+    if job.cap is not None and job.cap > limit:
+        raise _vllm_param_error(
+            config,
+            f"max_tokens={job.cap} cannot be greater than max_model_len={limit}. "
+            "Please request fewer output tokens.",
+            "max_tokens",
+            job.cap,
         )
 
 

@@ -70,6 +70,8 @@ class RequestRecord:
     finish: float | None = None
     finish_wall: float | None = None
     cached_tokens: int = 0
+    #: vLLM: prompt tokens this request wrote to the prefix cache (whole blocks).
+    created_cache_tokens: int = 0
     output_tokens: int = 0
     preemptions: int = 0
     #: llama.cpp: found no usable slot at first and waited in the deferred queue.

@@ -192,8 +192,12 @@ def test_prompt_over_max_model_len_is_400(client: httpx.Client, url: str) -> Non
 def test_overlong_output_is_clamped_or_refused(
     make_cluster: ClusterFactory, client: httpx.Client, url: str
 ) -> None:
-    ok = client.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=100000))
+    # vLLM 0.32: prompt + max_tokens over the window is clamped, max_tokens over it refused
+    ok = client.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=4090))
     assert ok.status_code == 200
+    over = client.post(url + "/v1/chat/completions", json=chat("hi", max_tokens=4097))
+    assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+    assert "max_tokens=4097 cannot be greater than max_model_len=4096" in over.text
     strict = make_cluster(flavor="vllm", max_model_len=4096, reject_overlong_output=True)
     r = client.post(strict.urls[0] + "/v1/chat/completions", json=chat("hi", max_tokens=100000))
     assert r.status_code == 400
