@@ -28,14 +28,14 @@ import time
 from typing import Any
 
 from gateway.sim.llamabodies import LLAMA_BUILD, task_settings
+from gateway.sim.protocol import Job
+from gateway.sim.request import RequestRecord
 from gateway.sim.vllmbodies import (
     VLLM_FINGERPRINT,
     vllm_body_extras,
     vllm_choice_extras,
     vllm_message,
 )
-from gateway.sim.protocol import Job
-from gateway.sim.request import RequestRecord
 
 __all__ = ["LLAMA_BUILD", "Formatter", "timings"]
 

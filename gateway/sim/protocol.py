@@ -240,13 +240,12 @@ def _vllm_param_error(config: SimConfig, message: str, param: str, value: Any) -
 def _check_sampling(config: SimConfig, body: dict[str, Any]) -> None:
     if config.flavor != "vllm":
         return
-    temperature = body.get("temperature")
-    if isinstance(temperature, int | float) and not isinstance(temperature, bool):
-        if temperature < 0:
-            t = float(temperature)
-            raise _vllm_param_error(
-                config, f"temperature must be non-negative, got {t}.", "temperature", t
-            )
+    t = body.get("temperature")
+    if isinstance(t, int | float) and not isinstance(t, bool) and t < 0:
+        t = float(t)
+        raise _vllm_param_error(
+            config, f"temperature must be non-negative, got {t}.", "temperature", t
+        )
 
 
 def _check_context(config: SimConfig, job: Job) -> None:
