@@ -39,6 +39,7 @@ from gateway.sim.exchange import Exchange
 from gateway.sim.faults import Faults
 from gateway.sim.formats import Formatter
 from gateway.sim.info import guarded, llamacpp_routes, slot_json, vllm_routes
+from gateway.sim.kvevents import KVEventPublisher
 from gateway.sim.metrics import VllmMetrics
 from gateway.sim.protocol import (
     RECORDED_FIELDS,
@@ -121,6 +122,7 @@ class SimReplica:
     # --- lifecycle -----------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        publisher = self._start_kv_events()
         task = asyncio.create_task(self.engine.run(), name=f"sim-engine-{self.config.model}")
         self._ready_at = self.core.clock.now() + self.config.warmup_s
         try:
@@ -130,6 +132,23 @@ class SimReplica:
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            if publisher is not None:
+                self._stop_kv_events(publisher)
+
+    def _start_kv_events(self) -> KVEventPublisher | None:
+        endpoint = self.config.kv_events_endpoint
+        if endpoint is None or not isinstance(self.scheduler, BatchScheduler):
+            return None
+        publisher = KVEventPublisher(endpoint, self.config.block_size)
+        self.scheduler.publisher = publisher
+        self.scheduler.pool.sink = publisher
+        return publisher
+
+    def _stop_kv_events(self, publisher: KVEventPublisher) -> None:
+        assert isinstance(self.scheduler, BatchScheduler)
+        self.scheduler.publisher = None
+        self.scheduler.pool.sink = None
+        publisher.close()
 
     def _routes(self) -> list[Route]:
         gen: list[tuple[str, Endpoint]] = [

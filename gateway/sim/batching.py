@@ -28,6 +28,7 @@ from typing import Any
 from gateway.sim.config import SimConfig
 from gateway.sim.engine import EngineCore, Work
 from gateway.sim.kv import BlockPool, extend_hashes, salt_root
+from gateway.sim.kvevents import KVEventPublisher
 from gateway.sim.request import SimRequest, State
 
 
@@ -76,6 +77,8 @@ class BatchScheduler:
         self.waiting = WaitQueue(config.scheduling_policy == "priority")
         self.running: list[SimRequest] = []
         self._bs = config.block_size
+        #: Set while the replica publishes KV events (`SimConfig.kv_events_endpoint`).
+        self.publisher: KVEventPublisher | None = None
 
     # --- Scheduler protocol ----------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -225,9 +228,25 @@ class BatchScheduler:
         if full <= req.cached_blocks:
             return
         self._extend_hashes(req, full)
-        for i in range(req.cached_blocks, full):
-            self.pool.cache(req.blocks[i], req.hashes[i])
+        start = req.cached_blocks
+        new = [i for i in range(start, full) if self.pool.cache(req.blocks[i], req.hashes[i])]
         req.cached_blocks = full
+        if new and self.publisher is not None:
+            self._publish_stored(req, new)
+
+    def _publish_stored(self, req: SimRequest, new: list[int]) -> None:
+        """One `BlockStored` per run of consecutive newly cached blocks."""
+        assert self.publisher is not None
+        runs: list[list[int]] = []
+        for i in new:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            parent = req.hashes[run[0] - 1] if run[0] else None
+            tokens = req.token_range(run[0] * self._bs, (run[-1] + 1) * self._bs)
+            self.publisher.stored([req.hashes[i] for i in run], parent, tokens)
 
     def _release(self, req: SimRequest) -> None:
         self.pool.release(req.blocks)

@@ -57,6 +57,8 @@ _HELP = {
     "reject_overlong_output": "vLLM <= 0.31: 400 when prompt + max_tokens > max-model-len "
     "(else clamp)",
     "legacy_metrics": "also export vLLM <= 0.10's vllm:gpu_cache_usage_perc gauge",
+    "kv_events_endpoint": "vLLM: publish KV cache events on this ZMQ endpoint, bound "
+    "(ipc://PATH or tcp://127.0.0.1:PORT; default: off)",
     "parallel": "llama.cpp --parallel: slots, each kv-tokens / parallel tokens",
     "unified_kv": "llama.cpp --kv-unified: every slot may use the whole context",
     "n_batch": "llama.cpp --batch-size: prompt tokens per decode call",
@@ -74,7 +76,7 @@ _HELP = {
     "output_len_min": "shortest natural answer when the request sets no max_tokens",
     "output_len_max": "longest natural answer when the request sets no max_tokens",
 }
-_OPTIONAL = {"max_num_queued_reqs": int, "api_key": str}
+_OPTIONAL = {"max_num_queued_reqs": int, "api_key": str, "kv_events_endpoint": str}
 
 
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:

@@ -54,6 +54,9 @@ class SimConfig:
     reject_overlong_output: bool = False
     #: Export the old `vllm:gpu_cache_usage_perc` gauge too (vLLM <= 0.10).
     legacy_metrics: bool = False
+    #: Publish KV cache events on this ZMQ endpoint (bound; `ipc://PATH` or
+    #: `tcp://127.0.0.1:PORT`), as vLLM's `--kv-events-config`; None: off.
+    kv_events_endpoint: str | None = None
     # --- llama.cpp slots ------------------------------------------------------
     #: `--parallel`: number of slots, each `kv_tokens // parallel` tokens.
     parallel: int = 4
@@ -168,6 +171,8 @@ def _check_special(name: str, value: object) -> str | None:
         return f"max_num_queued_reqs must be a positive integer or None, got {value!r}"
     if name == "api_key" and value is not None and not (isinstance(value, str) and value):
         return f"api_key must be a non-empty string or None, got {value!r}"
+    if name == "kv_events_endpoint" and value is not None and not _local_endpoint(value):
+        return f"kv_events_endpoint must be ipc://PATH or tcp://127.0.0.1:PORT, got {value!r}"
     if name in ("speed", "disconnect_poll_s") and not _positive_number(value):
         return f"{name} must be a number > 0, got {value!r}"
     if name == "seed" and not _is_int(value):
@@ -175,8 +180,19 @@ def _check_special(name: str, value: object) -> str | None:
     return None
 
 
+def _local_endpoint(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    if value.startswith("ipc://"):
+        return len(value) > len("ipc://")
+    port = value.removeprefix("tcp://127.0.0.1:")
+    return value.startswith("tcp://127.0.0.1:") and port.isdigit() and 0 < int(port) < 65536
+
+
 def _check_relations(cfg: SimConfig) -> list[str]:
     problems: list[str] = []
+    if cfg.kv_events_endpoint is not None and cfg.flavor != "vllm":
+        problems.append("kv_events_endpoint is a vLLM setting (flavor must be 'vllm')")
     if (
         _is_int(cfg.output_len_min)
         and _is_int(cfg.output_len_max)

@@ -23,8 +23,17 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import xxhash
+
+
+class KVEventSink(Protocol):
+    """Receives the pool's cache changes (`kvevents.KVEventPublisher`)."""
+
+    def removed(self, hashes: Sequence[int]) -> None: ...
+
+    def cleared(self) -> None: ...
 
 
 def salt_root(cache_salt: str | None) -> int:
@@ -63,6 +72,7 @@ class BlockPool:
         self._ref = [0] * num_blocks
         self._hash_of: dict[int, int] = {}
         self._block_of: dict[int, int] = {}
+        self.sink: KVEventSink | None = None
 
     @property
     def available(self) -> int:
@@ -112,11 +122,13 @@ class BlockPool:
             out.append(block)
         return out
 
-    def cache(self, block: int, h: int) -> None:
-        """Register a computed full block under hash `h` (first writer wins)."""
+    def cache(self, block: int, h: int) -> bool:
+        """Register a computed full block under hash `h` (first writer wins); True if new."""
         if self.enable_caching and h not in self._block_of and block not in self._hash_of:
             self._block_of[h] = block
             self._hash_of[block] = h
+            return True
+        return False
 
     def release(self, blocks: Sequence[int]) -> None:
         """Unpin `blocks`, tail first, so that tails are evicted before heads."""
@@ -135,6 +147,8 @@ class BlockPool:
             del self._block_of[self._hash_of.pop(block)]
             self._free.append(block)
         self._evictable.clear()
+        if self.sink is not None:
+            self.sink.cleared()
 
     def _pin(self, block: int) -> None:
         if self._ref[block] == 0:
@@ -143,5 +157,8 @@ class BlockPool:
 
     def _evict(self) -> int:
         block, _ = self._evictable.popitem(last=False)
-        del self._block_of[self._hash_of.pop(block)]
+        h = self._hash_of.pop(block)
+        del self._block_of[h]
+        if self.sink is not None:
+            self.sink.removed([h])
         return block
