@@ -60,6 +60,9 @@ class KVEventPublisher:
                 "lora_id": None,
                 "medium": MEDIUM,
                 "lora_name": None,
+                "extra_keys": [None] * len(hashes),
+                "group_idx": 0,
+                "kv_cache_spec_kind": "full_attention",
             }
         )
 

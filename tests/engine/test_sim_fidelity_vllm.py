@@ -10,19 +10,38 @@ and label names of every family the gateway or its tests read; the KV event wire
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.sim.cluster import SimCluster
 from gateway.sim.config import SimConfig
 
 from .capture_golden import shape
-from .test_sim_fidelity import Probe, _media_type, _observe_sse, differences, facts
-from .vllmserver import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, SHARED_BLOCKS, VLLMServer
+from .test_sim_fidelity import (
+    Probe,
+    _media_type,
+    _merge_shapes,
+    _observe_sse,
+    differences,
+    facts,
+)
+from .vllmserver import (
+    BLOCK_SIZE,
+    MAX_BATCHED_TOKENS,
+    MAX_MODEL_LEN,
+    MODEL,
+    SHARED_BLOCKS,
+    VLLMServer,
+)
 
 pytestmark = [pytest.mark.engine]
 
@@ -135,4 +154,62 @@ def test_simulator_matches_real_vllm(vllm_idle: list[VLLMServer], sim_url: str) 
     assert not found, (
         "simulator (vLLM flavour) differs from vLLM 0.32.0; fix gateway/sim:\n"
         + "".join(f"  {d}\n" for d in found)
+    )
+
+
+# --------------------------------------------------------------------------- KV events
+
+
+def wire_shape(messages: list[list[bytes]]) -> dict[str, Any]:
+    """Frame count and sizes, payload layout, and each event type's map shape."""
+    out: dict[str, Any] = {"events": {}}
+    for frames in messages:
+        out["frames"] = len(frames)
+        out["topic"] = frames[0].decode()
+        out["seq_bytes"] = len(frames[1])
+        payload = msgpack.unpackb(frames[2], raw=False)
+        out["payload"] = [shape(payload[0]), "events", shape(payload[2])]
+        for event in payload[1]:
+            kind = event["type"]
+            out["events"][kind] = _merge_shapes(out["events"].get(kind), shape(event))
+    return out
+
+
+def kv_messages(endpoint: str, url: str, body: dict[str, Any]) -> list[list[bytes]]:
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        time.sleep(0.5)  # a batch published before the subscription is joined is lost
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        out: list[list[bytes]] = []
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            if sub.poll(100):
+                out.append(sub.recv_multipart())
+        return out
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+
+
+def test_sim_kv_events_match_vllm(vllm_idle: list[VLLMServer], tmp_path: Path) -> None:
+    words = uuid.uuid4().hex + " river stone garden" * 120  # ~380 tokens: 2 full blocks
+    body = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 1}
+    server = vllm_idle[0]
+    real = wire_shape(kv_messages(server.kv_events_endpoint, server.url, body))
+    endpoint = f"ipc://{tmp_path}/sim-kv.ipc"
+    cfg = SimConfig(
+        flavor="vllm", model=MODEL, max_model_len=MAX_MODEL_LEN,
+        kv_tokens=SHARED_BLOCKS * BLOCK_SIZE, block_size=BLOCK_SIZE, speed=50.0,
+        max_num_batched_tokens=MAX_BATCHED_TOKENS, kv_events_endpoint=endpoint,
+    )  # fmt: skip
+    with SimCluster([cfg]) as cluster:
+        sim = wire_shape(kv_messages(endpoint, cluster.urls[0], body))
+    assert "BlockStored" in real["events"], real
+    found = list(differences(real, sim, ""))
+    assert not found, (
+        "simulator KV events differ from vLLM 0.32.0:\n" + "\n".join(found) + f"\nreal: {real}"
     )
