@@ -67,7 +67,9 @@ class KVEventPublisher:
         )
 
     def removed(self, hashes: Sequence[int]) -> None:
-        self._publish({"type": "BlockRemoved", "block_hashes": list(hashes), "medium": MEDIUM})
+        self._publish(
+            {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": MEDIUM, "group_idx": 0}
+        )
 
     def cleared(self) -> None:
         self._publish({"type": "AllBlocksCleared"})

@@ -1,6 +1,6 @@
 """vLLM 0.32's response fields the simulator fills with constants (nulls, mostly).
 
-Checked against a real vLLM 0.32.0 by `tests/engine/test_sim_fidelity_vllm.py`.
+Checked against a real vLLM 0.32.0 by `tests/engine/vllm/test_sim_fidelity_vllm.py`.
 """
 
 from __future__ import annotations

@@ -17,13 +17,10 @@ so every slot has ``n_ctx == 2048``):
                          for tests that need their own server (stopped after the test)
 ``llama_server_binary`` / ``llama_model``  session: the cached paths
 
-vLLM 0.32.0 (CPU; ``vllmserver.py``), for the tests in ``test_*vllm*.py``:
+vLLM 0.32.0 (CPU) for the tests in ``vllm/`` (their servers: ``vllm/conftest.py``):
 
-``vllm_servers``         session: two :class:`VLLMServer` handles started at once (24 blocks
-                         of 128 tokens each, prompt token details, KV events on ``ipc://``)
-``vllm_server``          session: the first of them
-``vllm_idle``            function: waits until neither runs nor queues a request
-``vllm_paths``           session: (the vLLM venv's python, the HF model folder)
+``vllm_paths``           session: (the vLLM venv's python, the HF model folder), prepared
+                         at the end of collection when tests under ``vllm/`` are selected
 
 Set ``GATEWAY_SKIP_ENGINE_TESTS=1`` to skip these tests (loudly). Never skipped when ``CI``
 is set: in CI a missing engine is a failure.
@@ -49,9 +46,9 @@ from .llamaserver import (
     start_servers,
     wait_slots_idle,
 )
-from .vllmserver import SHARED_BLOCKS, VLLMServer, start_vllm_servers, wait_idle
 
 engines = load_engines()
+VLLM_DIR = ENGINE_DIR / "vllm"
 
 SKIP_ENV = "GATEWAY_SKIP_ENGINE_TESTS"
 SKIP_REASON = (
@@ -73,7 +70,7 @@ def _is_engine_item(item: pytest.Item) -> bool:
 
 
 def _is_vllm_item(item: pytest.Item) -> bool:
-    return _is_engine_item(item) and "vllm" in Path(str(item.path)).name
+    return VLLM_DIR in Path(str(item.path)).resolve().parents
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -257,34 +254,3 @@ def vllm_paths() -> tuple[Path, Path]:
             pytrace=False,
         )
     return _vllm_paths if _vllm_paths is not None else engines.ensure_vllm()
-
-
-@pytest.fixture(scope="session")
-def vllm_servers(
-    vllm_paths: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[list[VLLMServer]]:
-    base = tmp_path_factory.mktemp("vllm-servers")
-    servers = start_vllm_servers(*vllm_paths, base, [SHARED_BLOCKS, SHARED_BLOCKS])
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
-
-
-@pytest.fixture(scope="session")
-def vllm_server(vllm_servers: list[VLLMServer]) -> VLLMServer:
-    return vllm_servers[0]
-
-
-@pytest.fixture()
-def vllm_idle(vllm_servers: list[VLLMServer]) -> list[VLLMServer]:
-    """Before the test: both servers alive, nothing running or waiting."""
-    for server in vllm_servers:
-        if server.proc.poll() is not None:
-            pytest.fail(
-                f"shared vLLM pid {server.proc.pid} died ({server.proc.returncode}):\n"
-                f"{server.log_tail()}"
-            )
-    wait_idle([s.url for s in vllm_servers])
-    return vllm_servers

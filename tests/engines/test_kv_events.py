@@ -1,4 +1,4 @@
-"""vLLM KV event messages -> typed events (the real stream: tests/engine/test_gateway_vllm.py)."""
+"""vLLM KV event messages -> typed events (real stream: tests/engine/vllm/test_gateway_vllm.py)."""
 
 from __future__ import annotations
 

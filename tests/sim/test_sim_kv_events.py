@@ -1,5 +1,6 @@
 """The simulator's KV cache events (SimConfig.kv_events_endpoint), decoded by the gateway's
-decoder; the wire format is compared with real vLLM in tests/engine/test_sim_fidelity_vllm.py."""
+decoder; the wire format is compared with real vLLM in
+tests/engine/vllm/test_sim_fidelity_vllm.py."""
 
 from __future__ import annotations
 

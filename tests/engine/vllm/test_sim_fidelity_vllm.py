@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.sim.cluster import SimCluster
 from gateway.sim.config import SimConfig
 
-from .capture_golden import shape
-from .test_sim_fidelity import (
+from ..capture_golden import shape
+from ..test_sim_fidelity import (
     Probe,
     _media_type,
     _merge_shapes,
@@ -175,15 +175,16 @@ def wire_shape(messages: list[list[bytes]]) -> dict[str, Any]:
     return out
 
 
-def kv_messages(endpoint: str, url: str, body: dict[str, Any]) -> list[list[bytes]]:
+def kv_messages(endpoint: str, url: str, bodies: list[dict[str, Any]]) -> list[list[bytes]]:
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     try:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(endpoint)
         time.sleep(0.5)  # a batch published before the subscription is joined is lost
-        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
-        assert r.status_code == 200, r.text
+        for body in bodies:
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
         out: list[list[bytes]] = []
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
@@ -196,10 +197,20 @@ def kv_messages(endpoint: str, url: str, body: dict[str, Any]) -> list[list[byte
 
 
 def test_sim_kv_events_match_vllm(vllm_idle: list[VLLMServer], tmp_path: Path) -> None:
-    words = uuid.uuid4().hex + " river stone garden" * 120  # ~380 tokens: 2 full blocks
-    body = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 1}
+    # Four fresh prompts of ~1,000 vLLM tokens (~2,000 simulator tokens) each: more blocks
+    # than either 24-block cache holds, so both store and evict.
+    bodies = [
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "user", "content": uuid.uuid4().hex + " river stone garden" * 320}
+            ],
+            "max_tokens": 1,
+        }
+        for _ in range(4)
+    ]
     server = vllm_idle[0]
-    real = wire_shape(kv_messages(server.kv_events_endpoint, server.url, body))
+    real = wire_shape(kv_messages(server.kv_events_endpoint, server.url, bodies))
     endpoint = f"ipc://{tmp_path}/sim-kv.ipc"
     cfg = SimConfig(
         flavor="vllm", model=MODEL, max_model_len=MAX_MODEL_LEN,
@@ -207,8 +218,8 @@ def test_sim_kv_events_match_vllm(vllm_idle: list[VLLMServer], tmp_path: Path) -
         max_num_batched_tokens=MAX_BATCHED_TOKENS, kv_events_endpoint=endpoint,
     )  # fmt: skip
     with SimCluster([cfg]) as cluster:
-        sim = wire_shape(kv_messages(endpoint, cluster.urls[0], body))
-    assert "BlockStored" in real["events"], real
+        sim = wire_shape(kv_messages(endpoint, cluster.urls[0], bodies))
+    assert {"BlockStored", "BlockRemoved"} <= real["events"].keys(), real
     found = list(differences(real, sim, ""))
     assert not found, (
         "simulator KV events differ from vLLM 0.32.0:\n" + "\n".join(found) + f"\nreal: {real}"

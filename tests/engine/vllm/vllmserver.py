@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from .llamaserver import _PRCTL, _die_with_parent, free_port
+from ..llamaserver import _PRCTL, _die_with_parent, free_port
 
 MODEL = "smollm2"
 MAX_MODEL_LEN = 2048
