@@ -189,12 +189,14 @@ def test_vllm_error_bodies_normalised(vllm_idle: list[VLLMServer]) -> None:
         assert bad.value.status_code == 400
         assert bad.value.body is not None and isinstance(bad.value.body, dict)
         assert bad.value.body.get("param") == "temperature"
-        assert bad.value.body.get("type") == "BadRequestError"
-        assert bad.value.code is None  # vLLM's integer `code` is not an OpenAI code
+        # vLLM's `type: BadRequestError` and integer `code` become OpenAI's type and no code
+        assert bad.value.body.get("type") == "invalid_request_error"
+        assert bad.value.code is None
 
         with pytest.raises(openai.NotFoundError) as missing:
             client.chat.completions.create(model="no-such-model", messages=hi, max_tokens=2)
         assert isinstance(missing.value.body, dict)
+        assert missing.value.body.get("type") == "not_found_error"
         assert missing.value.body.get("param") == "model"
         assert "no-such-model" in str(missing.value.body.get("message"))
 
