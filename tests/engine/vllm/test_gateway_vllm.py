@@ -22,7 +22,9 @@ import pytest
 import zmq
 
 from gateway.config.schema import AdmissionConfig, ReplicaConfig
+from gateway.engines import adapter_for
 from gateway.engines.kv_events import BlockStored, decode_message
+from gateway.errors import ContextLengthExceeded
 from tests.gwharness import RunningGateway, running_gateway
 from tests.rawhttp import RawRequest
 
@@ -203,9 +205,6 @@ def test_vllm_error_bodies_normalised(vllm_idle: list[VLLMServer]) -> None:
 
 def test_vllm_context_error_body_normalised(vllm_server: VLLMServer) -> None:
     """vLLM's own over-context answer (the gateway normally refuses before it)."""
-    from gateway.engines import adapter_for
-    from gateway.errors import ContextLengthExceeded
-
     r = httpx.post(
         f"{vllm_server.url}/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "hello " * 2100}]},
@@ -243,6 +242,7 @@ def test_disconnect_after_first_token_frees_the_engine(
     url = vllm_idle[0].url
     with vllm_gateway(vllm_idle[:1]) as gw:
         before = running(url)
+        generated = engine_metrics(url)["vllm:generation_tokens_total"]
         with _long_stream(gw, 20, 400) as resp:
             lines = resp.iter_lines()
             assert any("content" in line for line in lines)
@@ -253,8 +253,8 @@ def test_disconnect_after_first_token_frees_the_engine(
     record_property("vllm_abort_after_first_token_ms", round(freed_s * 1000))
     print(f"\nvLLM running back to {before} {1000 * (time.monotonic() - t_cut):.0f} ms after cut")
     assert freed_s < 1.0, f"engine still running the request {freed_s:.2f} s after the cut"
-    gen = engine_metrics(url)["vllm:generation_tokens_total"]
-    assert gen < 1e6  # sanity: the counter the gateway reads exists
+    done = engine_metrics(url)["vllm:generation_tokens_total"] - generated
+    assert 0 < done < 400, f"the engine generated {done} of the 400 tokens"
 
 
 def test_disconnect_before_first_token_frees_the_engine(
