@@ -483,6 +483,29 @@ def _collect_stored(
     return out
 
 
+def test_two_replicas_prefix_routing_without_a_session(vllm_idle: list[VLLMServer]) -> None:
+    """Different long prompts, each sent three times with no session header: every repeat
+    goes where its prefix is cached and the engine reports the hit."""
+    seen: dict[int, list[tuple[str, int, int]]] = {}
+    with vllm_gateway(vllm_idle) as gw, gw.openai() as client:
+        for p in range(3):
+            messages: Any = [{"role": "user", "content": text_of(600, uuid.uuid4().hex)}]
+            for _ in range(3):
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=messages, max_tokens=1
+                )
+                usage = raw.parse().usage
+                assert usage is not None
+                seen.setdefault(p, []).append(
+                    (raw.headers["x-gateway-replica"], usage.prompt_tokens, _cached(usage))
+                )
+    for turns in seen.values():
+        assert len({name for name, _, _ in turns}) == 1, seen
+        (_, prompt, first), *repeats = turns
+        assert first == 0, seen
+        assert all(c == (prompt - 1) // BLOCK_SIZE * BLOCK_SIZE for _, _, c in repeats), seen
+
+
 def test_concurrency_spreads_over_both_replicas(vllm_idle: list[VLLMServer]) -> None:
     results: list[str] = []
     errors: list[BaseException] = []
