@@ -14,10 +14,10 @@ from starlette.datastructures import Headers
 from bench.routing_workloads import words
 from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import ReplicaConfig
-from gateway.deadlines.client import ClientDeadlines
 from gateway.ingress.protocol import parse_request, prompt_parts
-from gateway.pipeline.context import Parsed, RequestContext
 from gateway.replicas.registry import Replica
+from gateway.request.context import Parsed, RequestContext
+from gateway.request.parsed import ClientDeadlines
 from gateway.scheduling.prefix import prefix_blocks
 from gateway.scheduling.router import build_router
 

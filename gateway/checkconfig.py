@@ -16,7 +16,7 @@ import yaml
 from gateway.config.decode import ConfigError, decode
 from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import AuthConfig, GatewayConfig, load_config
-from gateway.policy.policyset import PolicySet
+from gateway.policies.policyset import PolicySet
 from gateway.policy.stage import check_policies
 from gateway.scheduling.validate import validate as validate_scheduling
 

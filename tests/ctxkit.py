@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.config.schema import TimeoutsConfig
-from gateway.deadlines.client import ClientDeadlines
 from gateway.ingress.protocol import parse_request
-from gateway.pipeline.context import Contract, Deadline, Parsed, RequestContext
-from gateway.policy.policyset import Policy
+from gateway.policies.policyset import Policy
+from gateway.request.context import Contract, Deadline, Parsed, RequestContext
+from gateway.request.parsed import ClientDeadlines
 
 
 def make_ctx(

@@ -148,3 +148,110 @@ def test_config_is_plain_data() -> None:
 
 def test_simulator_stands_alone() -> None:
     assert _outside("gateway.sim", ("gateway.sim", "gateway.http")) == []
+
+
+# --- packages: depend one way, in a declared order -------------------------
+
+#: The gateway's packages (and top-level modules), lowest first. A package may
+#: import only packages listed before it: a new upward edge, or a package not
+#: listed here, fails `test_packages_depend_downward`.
+LAYERS = (
+    "errors",
+    "buildinfo",
+    "http",
+    "config",
+    "observability",
+    "sim",
+    "engines",
+    "state",
+    "policies",
+    "replicas",
+    "request",
+    "deadlines",
+    "ingress",
+    "forward",
+    "policy",
+    "scheduling",
+    "admission",
+    "pipeline",
+    "admin",
+    "checkconfig",
+    "app",
+    "demo",
+    "cli",
+    "__main__",
+)
+
+#: Packages a stage's record types may use: plain data and the replica set.
+REQUEST_MAY_IMPORT = ("config", "errors", "policies", "replicas", "request")
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for src, dsts in graph.items():
+        edges = out.setdefault(_package(src), set())
+        edges.update(_package(dst) for dst in dsts if _package(dst) != _package(src))
+    return out
+
+
+PACKAGES = _package_graph(GRAPH)
+
+
+def _mutual(packages: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} <-> {b}"
+        for a, dsts in packages.items()
+        for b in dsts
+        if a < b and a in packages.get(b, set())
+    )
+
+
+def _upward(packages: dict[str, set[str]], layers: tuple[str, ...]) -> list[str]:
+    rank = {name: i for i, name in enumerate(layers)}
+    return sorted(
+        f"{a} -> {b}"
+        for a, dsts in packages.items()
+        for b in dsts
+        if a in rank and b in rank and rank[b] >= rank[a]
+    )
+
+
+def test_every_package_has_a_layer() -> None:
+    undeclared = sorted(set(PACKAGES) - {""} - set(LAYERS))
+    assert undeclared == [], f"declare these in LAYERS: {undeclared}"
+    assert sorted(set(LAYERS) - set(PACKAGES)) == [], "LAYERS names a package that is gone"
+
+
+def test_no_two_packages_import_each_other() -> None:
+    assert _mutual(PACKAGES) == []
+
+
+def test_packages_depend_downward() -> None:
+    assert _upward(PACKAGES, LAYERS) == []
+
+
+def test_the_layering_checks_catch_what_they_claim() -> None:
+    """The checks above, on a graph with one upward edge and one mutual pair."""
+    bad = {"request": {"config", "pipeline"}, "pipeline": {"request"}, "config": set()}
+    assert _mutual(bad) == ["pipeline <-> request"]
+    assert _upward(bad, ("config", "request", "pipeline")) == ["request -> pipeline"]
+    assert "gateway.request.context" in GRAPH["gateway.policy.stage"]
+
+
+def test_the_request_types_import_no_stage() -> None:
+    allowed = tuple(f"{PACKAGE}.{name}" for name in REQUEST_MAY_IMPORT)
+    assert _outside("gateway.request", allowed) == []
+
+
+def test_only_the_app_imports_the_pipeline() -> None:
+    importers = sorted(
+        src
+        for src, dsts in GRAPH.items()
+        if _package(src) != "pipeline" and any(_package(d) == "pipeline" for d in dsts)
+    )
+    assert importers == ["gateway.app"]

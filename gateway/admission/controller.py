@@ -38,13 +38,13 @@ from typing import Any
 
 from gateway.admission.demand import DemandEstimator
 from gateway.admission.ledger import Demand, Lease, Limits, SharedLease, claims
-from gateway.admission.livestate import ReplicaLive
 from gateway.admission.metrics import AdmissionMetrics
 from gateway.admission.queue import AdmissionQueue, Entry, QueueFull
 from gateway.config.schema import PRIORITY_CLASSES, AdmissionConfig
 from gateway.errors import BadRequest, NoHealthyReplica, Overloaded, StateUnavailable
-from gateway.pipeline.context import RequestContext
+from gateway.replicas.livestate import ReplicaLive
 from gateway.replicas.registry import Replica, ReplicaRegistry
+from gateway.request.context import RequestContext
 from gateway.state import MemoryStateStore, StateStore
 
 __all__ = ["AdmissionController", "Lease"]

@@ -18,7 +18,7 @@ from collections import deque
 from gateway.admission.ledger import Demand
 from gateway.config.schema import AdmissionConfig
 from gateway.ingress.protocol import prompt_parts
-from gateway.pipeline.context import RequestContext
+from gateway.request.context import RequestContext
 
 _WINDOW = 512
 _MAX_TASKS = 1024

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.admission.livestate import LiveState
 from gateway.observability.cells import LockFreeCounter, LockFreeHistogram
 from gateway.observability.metrics import Children
+from gateway.replicas.livestate import LiveState
 from gateway.replicas.registry import Replica
 
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -15,25 +15,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.errors import InvalidDeadlineHeader
+from gateway.request.parsed import ClientDeadlines
 
 Clock = Callable[[], float]
 
 DEADLINE_HEADER = "x-request-deadline"
 TIMEOUT_HEADER = "x-request-timeout"
 CLIENT_TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
-
-
-@dataclass(frozen=True, slots=True)
-class ClientDeadlines:
-    """What the client asked for, as monotonic instants (None: not sent)."""
-
-    absolute: float | None = None
-    relative: float | None = None
-    client_timeout_s: float | None = None
 
 
 _NO_CLIENT = ClientDeadlines()

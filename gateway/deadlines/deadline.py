@@ -31,11 +31,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, 
 from typing import Any
 
 from gateway.config.schema import GatewayConfig, TimeoutsConfig
-from gateway.deadlines.client import DEADLINE_HEADER, TIMEOUT_HEADER, ClientDeadlines
-from gateway.deadlines.timer import RequestTimer
+from gateway.deadlines.client import DEADLINE_HEADER, TIMEOUT_HEADER
 from gateway.errors import DeadlineExceeded, ShuttingDown
-from gateway.pipeline.context import Deadline, RequestContext
-from gateway.policy.policyset import Policy
+from gateway.policies.policyset import Policy
+from gateway.request.context import Deadline, RequestContext
+from gateway.request.parsed import ClientDeadlines
+from gateway.request.timer import RequestTimer
 
 Clock = Callable[[], float]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]

@@ -22,15 +22,15 @@ from typing import Any, TypeVar
 
 from gateway.config.schema import GatewayConfig, TimeoutsConfig
 from gateway.deadlines.deadline import upstream_deadline_header
-from gateway.deadlines.timer import phase
 from gateway.engines import adapter_for
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
 from gateway.forward import rawbody
 from gateway.forward.reassemble import StreamAssembler
 from gateway.forward.sse import SSERelay, usage_from_body
 from gateway.forward.upstream import UpstreamClient, UpstreamResponse
-from gateway.pipeline.context import Exchange, RequestContext
 from gateway.replicas.registry import Replica
+from gateway.request.context import Exchange, RequestContext
+from gateway.request.timer import phase
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 T = TypeVar("T")
@@ -56,7 +56,7 @@ def _first_byte(ctx: RequestContext, exchange: Exchange, prefill_done: bool = Tr
 
 
 async def _timed(ctx: RequestContext, aw: Awaitable[T], seconds: float, what: str) -> T:
-    """`aw` bounded by `seconds` on the request's one timer (`gateway.deadlines.timer`);
+    """`aw` bounded by `seconds` on the request's one timer (`gateway.request.timer`);
     its own timer when the request has none (a forward outside the pipeline)."""
     timer = ctx.deadline.timer if ctx.deadline is not None else None
     try:

@@ -15,7 +15,7 @@ import hmac
 
 from gateway.config.schema import AuthConfig, TenantConfig
 from gateway.errors import Unauthorized
-from gateway.pipeline.context import RequestContext
+from gateway.request.context import RequestContext
 
 _NO_KEY = (
     "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "

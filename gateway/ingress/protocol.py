@@ -13,44 +13,14 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from gateway.config.schema import LimitsConfig
 from gateway.errors import BadRequest, InvalidJSON
-
-Endpoint = Literal["chat", "completions"]
+from gateway.request.parsed import Endpoint, ParsedRequest
 
 OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "n_predict")
 _DEFAULT_LIMITS = LimitsConfig()
-
-
-@dataclass(slots=True, eq=False)
-class ParsedRequest:
-    """A parsed request. Stages edit `body` at the top level only, by assigning
-    or removing keys (never by mutating a nested value in place): the forwarder
-    then sends the client's own bytes (`raw`), with added keys spliced in,
-    whenever no key the client sent was changed (`gateway.forward.rawbody`)."""
-
-    endpoint: Endpoint
-    body: dict[str, Any]
-    model: str | None
-    stream: bool
-    client_wants_usage: bool
-    requested_output: int | None
-    output_field: str | None
-    #: the client's bytes when they mean exactly `original` to any JSON parser
-    raw: bytes | None = None
-    #: the top level as parsed (a shallow copy)
-    original: dict[str, Any] | None = None
-    #: `prompt_parts`, rendered once (token estimate, prefix hashing and demand all walk it)
-    parts: list[str] | None = None
-    #: length of the body in bytes: at least the number of characters of its text
-    size: int = 0
-
-    def set_model(self, model: str) -> None:
-        self.model = model
-        self.body["model"] = model
 
 
 class _PairsHook(threading.local):

@@ -20,8 +20,9 @@ from collections.abc import Awaitable
 
 from gateway.config.schema import GatewayConfig
 from gateway.deadlines.client import parse_headers
-from gateway.ingress.protocol import Endpoint, ParsedRequest, parse_request
-from gateway.pipeline.context import Parsed, RequestContext
+from gateway.ingress.protocol import parse_request
+from gateway.request.context import Parsed, RequestContext
+from gateway.request.parsed import Endpoint, ParsedRequest
 
 # Defaults of `sessions.headers` / `sessions.body_fields` (gateway.config.SessionsConfig).
 SESSION_HEADERS = ("x-session-id", "session_id", "x-session-affinity")

@@ -20,8 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.errors import PayloadTooLarge, error_response
 from gateway.http.exchange import DISCONNECT_EXTENSION
 from gateway.observability.metrics import GatewayMetrics
-from gateway.pipeline.context import RequestContext, header_map
 from gateway.pipeline.pipeline import Pipeline
+from gateway.request.context import RequestContext, header_map
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 

@@ -23,7 +23,7 @@ import asyncio
 import logging
 
 from gateway.deadlines import deadline as deadlines
-from gateway.pipeline.context import RequestContext
+from gateway.request.context import RequestContext
 
 log = logging.getLogger("gateway.lifecycle")
 

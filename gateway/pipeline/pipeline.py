@@ -34,13 +34,13 @@ from gateway.forward.forwarder import Forwarder, Send
 from gateway.ingress.auth import Authenticator
 from gateway.ingress.stage import Ingress
 from gateway.observability.metrics import GatewayMetrics
-from gateway.pipeline.context import RequestContext
 from gateway.pipeline.lifecycle import Lifecycle
 from gateway.pipeline.settle import Settle
 from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
 from gateway.replicas.outliers import OutlierDetector, failed_exchange
 from gateway.replicas.registry import Replica, ReplicaRegistry
+from gateway.request.context import RequestContext
 from gateway.scheduling.affinity import SessionAffinity
 from gateway.scheduling.router import Router
 

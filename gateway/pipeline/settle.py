@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from gateway.observability.metrics import GatewayMetrics
-from gateway.pipeline.context import RequestContext
+from gateway.request.context import RequestContext
 
 log = logging.getLogger("gateway.access")
 

@@ -40,8 +40,8 @@ from prometheus_client import CollectorRegistry, Counter
 from gateway.config.schema import GatewayConfig
 from gateway.deadlines import deadline as deadlines
 from gateway.errors import RateLimited
-from gateway.pipeline.context import RequestContext
-from gateway.policy.policyset import SessionSpec
+from gateway.policies.policyset import SessionSpec
+from gateway.request.context import RequestContext
 from gateway.state import Claim, Reservation, StateStore
 from gateway.state.base import ReserveResult, Stamp
 

@@ -29,11 +29,9 @@ from gateway.config.decode import ConfigError
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
 from gateway.forward.upstream import UpstreamClient
-from gateway.ingress.protocol import ParsedRequest
 from gateway.observability.cells import LockFreeCounter
 from gateway.observability.metrics import Children
-from gateway.pipeline.context import Contract, RequestContext
-from gateway.policy.policyset import Policy, PolicySet, load_policy_set
+from gateway.policies.policyset import Policy, PolicySet, load_policy_set
 from gateway.policy.tokens import (
     LRU,
     OFFLOAD_BYTES,
@@ -44,6 +42,8 @@ from gateway.policy.tokens import (
     TokenCounter,
 )
 from gateway.replicas.registry import Replica, ReplicaRegistry
+from gateway.request.context import Contract, RequestContext
+from gateway.request.parsed import ParsedRequest
 
 log = logging.getLogger("gateway.policy.stage")
 

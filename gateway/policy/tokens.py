@@ -32,7 +32,7 @@ import xxhash
 from gateway.config.schema import TokensConfig
 from gateway.errors import GatewayError
 from gateway.forward.upstream import UpstreamClient
-from gateway.ingress.protocol import ParsedRequest, prompt_parts
+from gateway.ingress.protocol import prompt_parts
 from gateway.policy.estimate import (
     BASE_OVERHEAD,
     MESSAGE_OVERHEAD,
@@ -41,6 +41,7 @@ from gateway.policy.estimate import (
     estimate_text_in_slices,
 )
 from gateway.replicas.registry import Replica
+from gateway.request.parsed import ParsedRequest
 
 log = logging.getLogger("gateway.policy.tokens")
 

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.admission.livestate import ReplicaLive
 from gateway.config.schema import AdmissionConfig
 from gateway.engines.readings import (
     EngineReading,
@@ -29,6 +28,7 @@ from gateway.engines.readings import (
     parse_vllm_metrics,
 )
 from gateway.errors import GatewayError
+from gateway.replicas.livestate import ReplicaLive
 from gateway.replicas.registry import ProbeClient, Replica, ReplicaRegistry
 from gateway.replicas.tasks import ReplicaTasks
 

@@ -28,9 +28,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from gateway.admission.livestate import LiveState
 from gateway.config.schema import HealthConfig, ReplicaConfig
 from gateway.errors import GatewayError
+from gateway.replicas.livestate import LiveState
 from gateway.replicas.tasks import ReplicaTasks
 
 log = logging.getLogger("gateway.replicas.registry")

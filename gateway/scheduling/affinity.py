@@ -20,7 +20,7 @@ import logging
 import xxhash
 
 from gateway.errors import StateUnavailable
-from gateway.pipeline.context import RequestContext
+from gateway.request.context import RequestContext
 from gateway.state.base import StateStore, StoreUnavailable
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from gateway.scheduling.cycle import Ranking
 from gateway.scheduling.hashing import bounded_load_choice
 
 if TYPE_CHECKING:
-    from gateway.pipeline.context import RequestContext
     from gateway.replicas.registry import Replica
+    from gateway.request.context import RequestContext
 
 
 def _least_load(candidates: list[Replica]) -> list[Replica]:

@@ -31,7 +31,7 @@ from gateway.ingress.protocol import canonical_json, prompt_parts
 from gateway.scheduling.prefix import render, seed_of
 
 if TYPE_CHECKING:
-    from gateway.ingress.protocol import ParsedRequest
+    from gateway.request.parsed import ParsedRequest
 
 
 class Opening(NamedTuple):

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.config.scheduling import DecodeConfig
+from gateway.request.context import PrefixBlocks
 from gateway.scheduling.decode import DecodeLoad, cost_s, crowded, step_work
 from gateway.scheduling.engine_view import EngineView
-from gateway.scheduling.prefix import PrefixBlocks
 
 if TYPE_CHECKING:
-    from gateway.pipeline.context import RequestContext
     from gateway.replicas.registry import Replica
+    from gateway.request.context import RequestContext
 
 
 def tokens_per_block(prompt_tokens: int, blocks: PrefixBlocks) -> float:
@@ -49,7 +49,7 @@ class Load:
 
 @dataclass(slots=True)
 class Cycle:
-    ctx: RequestContext  # quoted: see gateway/pipeline/context.py
+    ctx: RequestContext  # quoted: see gateway/request/context.py
     blocks: PrefixBlocks
     prompt_tokens: int
     loads: dict[str, Load]

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 if TYPE_CHECKING:
     import random
 
-    from gateway.pipeline.context import RequestContext
     from gateway.replicas.registry import Replica
+    from gateway.request.context import RequestContext
     from gateway.scheduling.cycle import Cycle
     from gateway.scheduling.tracker import Tracker
 

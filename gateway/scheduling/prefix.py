@@ -21,30 +21,12 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
 
 import xxhash
 
+from gateway.request.context import PrefixBlocks
+
 _SEP = "\x1f"
-
-
-class PrefixBlocks(NamedTuple):
-    """One prompt's chained block hashes and its size (a NamedTuple: built per request)."""
-
-    hashes: tuple[int, ...]
-    prompt_bytes: int
-    block_bytes: int
-    #: The implicit session key of a chat without one (`conversation.py`), else None.
-    conversation: str | None = None
-    #: The chat has messages after its first user message (a later turn).
-    follow_up: bool = False
-    #: Bytes before the chat's first user message (tools, system prompt), shared by
-    #: many conversations (`conversation.py`); 0 when unknown.
-    shared_bytes: int = 0
-
-    @property
-    def hashed_bytes(self) -> int:
-        return len(self.hashes) * self.block_bytes
 
 
 def render(parts: Iterable[str]) -> bytes:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from gateway.config.decode import decode, to_plain
 from gateway.config.scheduling import SchedulingConfig
 from gateway.ingress.protocol import prompt_parts
-from gateway.pipeline.context import RequestContext
+from gateway.request.context import PrefixBlocks, RequestContext
 from gateway.scheduling.baselines import LeastLoadRouter, RoundRobinRouter, SessionHashRouter
 from gateway.scheduling.conversation import opening
 from gateway.scheduling.cycle import (
@@ -37,7 +37,7 @@ from gateway.scheduling.engine_view import capacity_tokens, engine_view, max_seq
 from gateway.scheduling.hashing import bounded_load_choice
 from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
 from gateway.scheduling.metrics import SchedulingMetrics
-from gateway.scheduling.prefix import PrefixBlocks, PrefixIndex, prefix_blocks
+from gateway.scheduling.prefix import PrefixIndex, prefix_blocks
 from gateway.scheduling.profile import Profile, WeightedScorer, named
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.slots import SlotPinner

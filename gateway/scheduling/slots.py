@@ -19,8 +19,8 @@ from gateway.scheduling.engine_view import engine_view
 from gateway.scheduling.tracker import Tracker
 
 if TYPE_CHECKING:
-    from gateway.pipeline.context import RequestContext
     from gateway.replicas.registry import Replica
+    from gateway.request.context import RequestContext
 
 
 class SlotPinner:

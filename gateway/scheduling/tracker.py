@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.pipeline.context import RequestContext
+    from gateway.request.context import RequestContext
 
 
 @dataclass(slots=True, eq=False)
 class Routed:
-    ctx: RequestContext  # quoted: see gateway/pipeline/context.py
+    ctx: RequestContext  # quoted: see gateway/request/context.py
     replica: str
     kv_tokens: int
     uncached_tokens: int

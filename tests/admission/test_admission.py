@@ -15,8 +15,8 @@ from gateway.admission.controller import AdmissionController
 from gateway.config.schema import AdmissionConfig, ReplicaConfig
 from gateway.engines.readings import EngineReading
 from gateway.errors import BadRequest, Overloaded
-from gateway.pipeline.context import RequestContext
 from gateway.replicas.registry import Replica, ReplicaRegistry
+from gateway.request.context import RequestContext
 from tests.ctxkit import make_ctx
 
 CAP = 10_000

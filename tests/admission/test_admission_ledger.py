@@ -15,8 +15,8 @@ from gateway.admission.controller import AdmissionController
 from gateway.admission.ledger import Lease, SharedLease, keys
 from gateway.config.schema import AdmissionConfig, ReplicaConfig
 from gateway.engines.readings import EngineReading
-from gateway.pipeline.context import RequestContext
 from gateway.replicas.registry import Replica, ReplicaRegistry
+from gateway.request.context import RequestContext
 from gateway.state import MemoryStateStore
 from tests.ctxkit import make_ctx
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from gateway.admission.demand import _WINDOW, DemandEstimator, OutputLearner
 from gateway.config.decode import ConfigError
 from gateway.config.schema import AdmissionConfig
-from gateway.pipeline.context import RequestContext
-from gateway.policy.policyset import Policy, load_policy_set
+from gateway.policies.policyset import Policy, load_policy_set
+from gateway.request.context import RequestContext
 from tests.ctxkit import make_ctx
 
 

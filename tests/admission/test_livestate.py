@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.admission.livestate import ReplicaLive
 from gateway.config.schema import AdmissionConfig
 from gateway.engines.readings import EngineReading
+from gateway.replicas.livestate import ReplicaLive
 
 readings = st.builds(
     EngineReading,

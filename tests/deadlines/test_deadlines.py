@@ -15,12 +15,13 @@ from starlette.datastructures import Headers
 
 from gateway.config.schema import GatewayConfig, TimeoutsConfig
 from gateway.deadlines import deadline as deadlines
-from gateway.deadlines.client import ClientDeadlines, parse_headers
+from gateway.deadlines.client import parse_headers
 from gateway.deadlines.deadline import resolve
 from gateway.errors import DeadlineExceeded, InvalidDeadlineHeader, error_headers
 from gateway.ingress.protocol import parse_request
-from gateway.pipeline.context import Contract, Deadline, Parsed, RequestContext
-from gateway.policy.policyset import DeadlineSpec, Policy, TimeoutsSpec
+from gateway.policies.policyset import DeadlineSpec, Policy, TimeoutsSpec
+from gateway.request.context import Contract, Deadline, Parsed, RequestContext
+from gateway.request.parsed import ClientDeadlines
 
 WALL0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 MONO0 = 1000.0

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.deadlines.timer import RequestTimer, phase
+from gateway.request.timer import RequestTimer, phase
 
 
 def test_a_phase_bound_fires_as_timeout_and_the_deadline_still_holds() -> None:

@@ -12,7 +12,7 @@ from gateway.config.decode import ConfigError, decode
 from gateway.config.schema import ApiKeyConfig, AuthConfig, TenantConfig
 from gateway.errors import Unauthorized
 from gateway.ingress.auth import Authenticator
-from gateway.pipeline.context import RequestContext
+from gateway.request.context import RequestContext
 
 
 def ctx_with(headers: dict[str, str]) -> RequestContext:

@@ -12,8 +12,8 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from gateway.pipeline.context import RequestContext
 from gateway.pipeline.endpoint import _race_disconnect, _receive_watch
+from gateway.request.context import RequestContext
 
 
 class Client:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.errors import RateLimited
-from gateway.pipeline.context import Exchange, RequestContext
+from gateway.policies.policyset import Policy, SessionSpec
 from gateway.policy.budgets import Budgets
-from gateway.policy.policyset import Policy, SessionSpec
+from gateway.request.context import Exchange, RequestContext
 from gateway.sim.cluster import SimCluster
 from gateway.state import Claim, MemoryStateStore
 from tests import ctxkit

@@ -14,10 +14,10 @@ from gateway.admission.demand import DemandEstimator
 from gateway.config.schema import AdmissionConfig, GatewayConfig
 from gateway.errors import BadRequest, RateLimited
 from gateway.ingress.protocol import parse_request
-from gateway.pipeline.context import Contract, Exchange
+from gateway.policies.policyset import LimitsSpec, Policy, SessionSpec
 from gateway.policy.budgets import Budgets
-from gateway.policy.policyset import LimitsSpec, Policy, SessionSpec
 from gateway.policy.stage import _choices, _output_limit
+from gateway.request.context import Contract, Exchange
 from gateway.sim import SimCluster
 from gateway.state import MemoryStateStore
 from tests.ctxkit import make_ctx

@@ -16,9 +16,8 @@ from gateway.config.schema import TokensConfig, UpstreamConfig
 from gateway.errors import ContextLengthExceeded
 from gateway.forward.upstream import UpstreamClient
 from gateway.ingress.protocol import ParsedRequest, parse_request
-from gateway.pipeline.context import Contract
+from gateway.policies.policyset import LimitsSpec, Policy
 from gateway.policy.estimate import estimate_text, estimate_text_in_slices
-from gateway.policy.policyset import LimitsSpec, Policy
 from gateway.policy.stage import _check_floor
 from gateway.policy.tokens import (
     LRU,
@@ -28,6 +27,7 @@ from gateway.policy.tokens import (
     TokenCount,
     estimate_request,
 )
+from gateway.request.context import Contract
 
 WORDS = "The quick brown fox, jumpsOver 12 lazy_dogs; ¿qué tal? Привет 世界 getUserById\n\t  "
 text_st = st.one_of(

@@ -17,7 +17,7 @@ import pytest
 
 from gateway.config.decode import ConfigError
 from gateway.config.schema import AuthConfig
-from gateway.policy.policyset import DEFAULT_POLICY, load_policy_set
+from gateway.policies.policyset import DEFAULT_POLICY, load_policy_set
 
 REPO = Path(__file__).resolve().parents[2]
 

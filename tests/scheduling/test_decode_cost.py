@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.admission.livestate import LiveState
 from gateway.config.scheduling import DecodeConfig, HotspotConfig, SchedulingConfig
 from gateway.ingress.protocol import parse_request
+from gateway.replicas.livestate import LiveState
 from gateway.scheduling.conversation import opening
 from gateway.scheduling.decode import DecodeLoad, cost_s, crowded, step_work
 from gateway.scheduling.router import SchedulingRouter
@@ -110,7 +110,7 @@ def test_new_sessions_sharing_a_cached_system_prompt_spread() -> None:
 
 
 def _started() -> Any:
-    from gateway.pipeline.context import Exchange
+    from gateway.request.context import Exchange
 
     return Exchange(sent_at=0.0, phase="streaming", first_byte_at=0.0)
 
@@ -128,8 +128,8 @@ def test_equal_cost_requests_without_a_session_spread() -> None:
 
 def ctx_for_completion(prompt: str) -> Any:
     ctx = ctx_for("unused")
-    from gateway.deadlines.client import ClientDeadlines
-    from gateway.pipeline.context import Parsed
+    from gateway.request.context import Parsed
+    from gateway.request.parsed import ClientDeadlines
 
     raw = json.dumps({"model": "m", "prompt": prompt}).encode()
     ctx.endpoint = "completions"
@@ -189,8 +189,8 @@ def test_short_chat_follows_its_first_turn_and_can_be_turned_off() -> None:
 
 def ctx_for_messages(messages: list[dict[str, Any]], request_id: str) -> Any:
     ctx = ctx_for("unused")
-    from gateway.deadlines.client import ClientDeadlines
-    from gateway.pipeline.context import Parsed
+    from gateway.request.context import Parsed
+    from gateway.request.parsed import ClientDeadlines
 
     ctx.request_id = request_id
     raw = json.dumps({"model": "m", "messages": messages}).encode()

@@ -16,10 +16,10 @@ from starlette.datastructures import Headers
 from gateway.config.decode import ConfigError, decode
 from gateway.config.scheduling import SchedulingConfig
 from gateway.config.schema import GatewayConfig, ReplicaConfig
-from gateway.deadlines.client import ClientDeadlines
 from gateway.ingress.protocol import parse_request
-from gateway.pipeline.context import Parsed, RequestContext
 from gateway.replicas.registry import Replica
+from gateway.request.context import Parsed, RequestContext
+from gateway.request.parsed import ClientDeadlines
 from gateway.scheduling.interfaces import clamp01
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.router import Router, SchedulingRouter, build_router
@@ -314,7 +314,7 @@ def test_llamacpp_slot_pinning() -> None:
 def test_one_fast_looking_replica_does_not_attract_all_work() -> None:
     """Regression: a measured rate next to defaults (20x apart) made one replica win
     every request while its queue grew without bound; rates are bounded around the median."""
-    from gateway.admission.livestate import LiveState  # the admission stage's published state
+    from gateway.replicas.livestate import LiveState  # the admission stage's published state
 
     r, cands = router(), replicas(4)
     cands[0].live = LiveState(prefill_backlog_tokens=100_000, prefill_tokens_per_s=160_000.0)
@@ -324,7 +324,7 @@ def test_one_fast_looking_replica_does_not_attract_all_work() -> None:
 
 
 def test_engine_state_is_read_through_the_adapter() -> None:
-    from gateway.admission.livestate import LiveState
+    from gateway.replicas.livestate import LiveState
     from gateway.scheduling.engine_view import engine_view
 
     [rep] = replicas(1)
@@ -369,7 +369,7 @@ def test_engine_view_keeps_known_values_and_says_unknown_otherwise(
     rate: float,
     config_cap: int | None,
 ) -> None:
-    from gateway.admission.livestate import LiveState
+    from gateway.replicas.livestate import LiveState
     from gateway.scheduling.engine_view import capacity_tokens, engine_view
 
     replica = Replica(ReplicaConfig(url="http://127.0.0.1:1", capacity_tokens=config_cap))

@@ -23,15 +23,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.config.schema import TimeoutsConfig
-from gateway.deadlines.client import ClientDeadlines
-from gateway.deadlines.timer import RequestTimer
-from gateway.ingress.protocol import ParsedRequest
-from gateway.policy.policyset import Policy
+from gateway.policies.policyset import Policy
 from gateway.replicas.registry import Replica
-from gateway.scheduling.prefix import PrefixBlocks
+from gateway.request.parsed import ClientDeadlines, ParsedRequest
+from gateway.request.timer import RequestTimer
 
 
 @dataclass(slots=True, eq=False)
@@ -94,6 +92,25 @@ class Deadline:
     start_at: float | None = None
     #: the request's one timer while the exchange runs
     timer: RequestTimer | None = None
+
+
+class PrefixBlocks(NamedTuple):
+    """One prompt's chained block hashes and its size (a NamedTuple: built per request)."""
+
+    hashes: tuple[int, ...]
+    prompt_bytes: int
+    block_bytes: int
+    #: The implicit session key of a chat without one (`conversation.py`), else None.
+    conversation: str | None = None
+    #: The chat has messages after its first user message (a later turn).
+    follow_up: bool = False
+    #: Bytes before the chat's first user message (tools, system prompt), shared by
+    #: many conversations (`conversation.py`); 0 when unknown.
+    shared_bytes: int = 0
+
+    @property
+    def hashed_bytes(self) -> int:
+        return len(self.hashes) * self.block_bytes
 
 
 @dataclass(slots=True, eq=False)
