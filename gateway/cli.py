@@ -11,12 +11,13 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, get_args
 
 import yaml
 
 from gateway import __version__, buildinfo
 from gateway.config.decode import ConfigError
+from gateway.config.discovery import EngineKind
 from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config
 from gateway.http.serving import (
     CannotListen,
@@ -34,8 +35,10 @@ def _replica_arg(value: str) -> ReplicaConfig:
     kind = "auto"
     if "=" in value.split("://", 1)[0]:
         kind, value = value.split("=", 1)
-    if kind not in ("auto", "vllm", "llamacpp"):
-        raise argparse.ArgumentTypeError(f"unknown engine kind {kind!r} (use vllm= or llamacpp=)")
+    kinds = get_args(EngineKind)
+    if kind not in kinds:
+        named = " or ".join(f"{k}=" for k in kinds if k != "auto")
+        raise argparse.ArgumentTypeError(f"unknown engine kind {kind!r} (use {named})")
     try:
         return ReplicaConfig(url=value, kind=kind)  # type: ignore[arg-type]
     except ValueError as exc:

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-EngineKind = Literal["auto", "vllm", "llamacpp"]
+EngineKind = Literal["auto", "vllm", "llamacpp", "sglang"]
 UpstreamStreaming = Literal["auto", "always", "never"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

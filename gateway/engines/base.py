@@ -3,23 +3,55 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
 
+from gateway.engines.probe import EngineGet, EnginePost, LiveReader
 from gateway.errors import OPENAI_ERROR_TYPES, ContextLengthExceeded, GatewayError, UpstreamError
 
 _MAX_ERROR_TEXT = 2000
 
 
 class EngineAdapter(Protocol):
+    """Everything engine-specific, for one engine kind (`gateway/engines/README.md`)."""
+
     kind: str
+    #: an OpenAI-compatible upstream of unknown make (kind not detected)
+    generic: bool
     # Send non-streaming requests upstream as streams (abortable) and reassemble.
     stream_upstream: bool
     # Return the connection to the pool after a streamed response.
     reuse_after_stream: bool
+    #: the body field that pins a request to one of the engine's slots (None: no slots)
+    slot_field: str | None
+    #: exact prompt token counts (`tokens: engine`) from the engine
+    counts_tokens: bool
 
     def normalize_error(self, status: int, body: bytes) -> GatewayError: ...
 
     def set_output_limit(self, body: dict[str, Any], limit: int) -> None: ...
+
+    async def detect(self, get: EngineGet) -> bool:
+        """Whether the replica behind `get` runs this engine (`kind: auto`)."""
+        ...
+
+    async def context_length(self, get: EngineGet) -> int | None:
+        """The per-request context the engine reports beyond `/v1/models`."""
+        ...
+
+    def live_reader(self) -> LiveReader | None:
+        """A reader of one replica's live state (None: admitted on in-flight counts)."""
+        ...
+
+    async def count_tokens(
+        self, post: EnginePost, endpoint: Literal["chat", "completions"], body: Mapping[str, Any]
+    ) -> int:
+        """The prompt's exact token count (only when `counts_tokens`)."""
+        ...
+
+    def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """Prompt tokens the engine served from its prefix cache, from `usage`."""
+        ...
 
 
 def decode_error_body(body: bytes) -> Any:
@@ -65,8 +97,11 @@ class GenericAdapter:
     """OpenAI-compatible upstream of unknown make: keep what is OpenAI-shaped."""
 
     kind = "unknown"
+    generic = True
     stream_upstream = False
     reuse_after_stream = True
+    slot_field: str | None = None
+    counts_tokens = False
 
     def normalize_error(self, status: int, body: bytes) -> GatewayError:
         data = decode_error_body(body)
@@ -88,3 +123,38 @@ class GenericAdapter:
         if "max_completion_tokens" in body:
             body["max_completion_tokens"] = limit
         body["max_tokens"] = limit
+
+    async def detect(self, get: EngineGet) -> bool:
+        return False
+
+    async def context_length(self, get: EngineGet) -> int | None:
+        return None
+
+    def live_reader(self) -> LiveReader | None:
+        return None
+
+    async def count_tokens(
+        self, post: EnginePost, endpoint: Literal["chat", "completions"], body: Mapping[str, Any]
+    ) -> int:
+        raise NotImplementedError(f"{self.kind} does not count tokens")
+
+    def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """OpenAI's `usage.prompt_tokens_details.cached_tokens`."""
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
+
+
+def prompt_text(prompt: Any) -> str:
+    """A completions prompt as text (token-id prompts are not counted remotely)."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    raise ValueError("token-id prompts are counted by the estimate")
+
+
+def token_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a token count: {value!r}")
+    return value

@@ -13,6 +13,15 @@ per-slot context), `/slots` (busy slots and their tokens), `/metrics` when
 enabled (`llamacpp:prompt_tokens_seconds` etc.). Its KV metrics were removed,
 so headroom is derived from the slots: capacity = slots × per-slot n_ctx.
 
+SGLang (`GET /metrics`, names from `sglang.srt.metrics.collector`): capacity
+`sglang:max_total_num_tokens` (the KV pool), usage `sglang:num_used_tokens`
+(else `sglang:token_usage` × capacity), `sglang:num_running_reqs`,
+`sglang:num_queue_reqs`, counters `sglang:prompt_tokens_total`,
+`sglang:generation_tokens_total`, `sglang:num_retracted_requests_total`
+(retractions: its preemptions), gauge `sglang:gen_throughput`; one label set
+per data-parallel rank, summed. `GET /get_server_info` (read once) gives
+`max_running_requests` and, without metrics, `max_total_num_tokens`.
+
 Text is parsed with `prometheus_client`'s parser, never with regexes.
 """
 
@@ -182,3 +191,33 @@ def parse_llamacpp(props: Any, slots: Any, metrics_text: str | None) -> EngineRe
 
 def _positive(value: float | None) -> float | None:
     return value if value is not None and value > 0 else None
+
+
+def _positive_int(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else None
+
+
+def parse_sglang(metrics_text: str, server_info: Any) -> EngineReading:
+    """SGLang's `/metrics` text and its `/get_server_info` (JSON-decoded, or None)."""
+    s = parse_prometheus(metrics_text)
+    info = server_info if isinstance(server_info, dict) else {}
+    capacity = _int(_sum(s, "sglang:max_total_num_tokens")) or _positive_int(
+        info.get("max_total_num_tokens")
+    )
+    used = _int(_sum(s, "sglang:num_used_tokens"))
+    usage = _sum(s, "sglang:token_usage")
+    if used is None and usage is not None and capacity:
+        used = round(usage * capacity)
+    return EngineReading(
+        capacity_tokens=capacity or None,
+        used_tokens=used,
+        running=_int(_sum(s, "sglang:num_running_reqs")),
+        waiting=_int(_sum(s, "sglang:num_queue_reqs")),
+        max_in_flight=_positive_int(info.get("max_running_requests")),
+        prompt_tokens_total=_sum(s, "sglang:prompt_tokens_total"),
+        generation_tokens_total=_sum(s, "sglang:generation_tokens_total"),
+        preemptions_total=_sum(s, "sglang:num_retracted_requests_total"),
+        decode_tokens_per_s=_positive(_sum(s, "sglang:gen_throughput")),
+        engines=max(len(s.get("sglang:num_running_reqs", [])), 1),
+    )

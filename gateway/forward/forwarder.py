@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from gateway.config.schema import GatewayConfig, TimeoutsConfig
 from gateway.deadlines.deadline import upstream_deadline_header
-from gateway.engines import adapter_for
+from gateway.engines import GENERIC
 from gateway.errors import UpstreamNeverReached, UpstreamTimeout
 from gateway.forward import rawbody
 from gateway.forward.reassemble import StreamAssembler
@@ -104,7 +104,7 @@ class Forwarder:
             injected = True
         if ctx.output_limit is not None:
             body = dict(body)
-            adapter_for(ctx.replica.kind if ctx.replica else "unknown").set_output_limit(
+            (ctx.replica.engine if ctx.replica else GENERIC).set_output_limit(
                 body, ctx.output_limit
             )
         data = rawbody.spliced(req.raw, req.original, body)
@@ -128,7 +128,7 @@ class Forwarder:
     ) -> None:
         req = ctx.request
         assert req is not None
-        adapter = adapter_for(replica.kind)
+        adapter = replica.engine
         reassemble = not req.stream and _stream_upstream(replica, adapter.stream_upstream)
         upstream_stream = req.stream or reassemble
         data, injected = self.upstream_body(ctx, upstream_stream)
@@ -159,7 +159,7 @@ class Forwarder:
         self, ctx: RequestContext, replica: Replica, resp: UpstreamResponse
     ) -> None:
         raw = await _timed(ctx, resp.read_all(), self._timeouts(ctx).idle_s, "error body")
-        err = adapter_for(replica.kind).normalize_error(resp.status, raw)
+        err = replica.engine.normalize_error(resp.status, raw)
         if resp.status == 503:
             # The engine refused before starting (busy, loading): provably not started.
             retry = UpstreamNeverReached(
@@ -244,9 +244,7 @@ class Forwarder:
         if assembler.error is not None:
             body = json.dumps({"error": assembler.error}).encode()
             status = assembler.error.get("code")
-            raise adapter_for(replica.kind).normalize_error(
-                status if isinstance(status, int) else 500, body
-            )
+            raise replica.engine.normalize_error(status if isinstance(status, int) else 500, body)
         body = json.dumps(assembler.body(), ensure_ascii=False, separators=(",", ":")).encode()
         await send(self._start_message(ctx, "application/json", [], len(body)))
         await send({"type": "http.response.body", "body": body, "more_body": False})

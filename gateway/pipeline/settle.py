@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from gateway.engines import GENERIC, EngineAdapter
 from gateway.observability.metrics import GatewayMetrics
 from gateway.request.context import RequestContext
 
@@ -36,14 +37,15 @@ class Settle:
             m.ttfb_by(ctx.task).observe(first_byte_at - ctx.received_at)
         usage = ctx.usage
         if usage:
-            _count_tokens(m, ctx.task, usage)
+            _count_tokens(m, ctx.task, usage, ctx.replica.engine if ctx.replica else GENERIC)
         if self._access_log and log.isEnabledFor(logging.INFO):
             _access_line(ctx, elapsed)
 
 
-def _count_tokens(m: GatewayMetrics, task: str, usage: dict[str, Any]) -> None:
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+def _count_tokens(
+    m: GatewayMetrics, task: str, usage: dict[str, Any], engine: EngineAdapter
+) -> None:
+    cached = engine.cached_tokens(usage)
     for direction, value in (
         ("prompt", usage.get("prompt_tokens")),
         ("completion", usage.get("completion_tokens")),

@@ -262,13 +262,15 @@ class Budgets:
 
 def _kept(rule: Rule, ctx: RequestContext, worst: int) -> int:
     reached = ctx.upstream_status is not None
-    if rule.kind == "conc":
-        return 0
-    if rule.kind == "requests":
-        return 1
-    if rule.kind == "session_requests":
-        return 1 if reached else 0
-    return _tokens_used(ctx, worst)
+    match rule.kind:
+        case "conc":
+            return 0
+        case "requests":
+            return 1
+        case "session_requests":
+            return 1 if reached else 0
+        case _:
+            return _tokens_used(ctx, worst)
 
 
 def _tokens_used(ctx: RequestContext, worst: int) -> int:

@@ -10,9 +10,8 @@ The chat template costs `MESSAGE_OVERHEAD` per message plus `BASE_OVERHEAD`
 (plus `TOOLS_OVERHEAD` when tools are sent). Measured margins against real
 tokenizers are in docs/policies.md (bench/estimator_margin.py).
 
-`EngineCounter` asks a replica: vLLM `POST /tokenize` with the messages
-(`add_generation_prompt: true`) or the prompt → `count`; llama.cpp
-`POST /apply-template` then `POST /tokenize {"content"}` → `len(tokens)`.
+`EngineCounter` asks the first replica whose engine counts tokens
+(`EngineAdapter.count_tokens`: the routes and payloads are the adapter's).
 Results are cached by prompt hash (bounded LRU); on any failure or timeout
 the estimate is used instead.
 """
@@ -301,9 +300,11 @@ class EngineCounter:
 
     async def _ask(self, replica: Replica, req: ParsedRequest) -> int:
         large = req.size >= OFFLOAD_BYTES
-        if replica.kind == "vllm":
-            return await self._vllm(replica, req, large)
-        return await self._llamacpp(replica, req, large)
+
+        async def post(path: str, payload: dict[str, Any]) -> Any:
+            return await self._post(replica, path, payload, large)
+
+        return await replica.engine.count_tokens(post, req.endpoint, req.body)
 
     async def _post(self, replica: Replica, path: str, payload: dict[str, Any], large: bool) -> Any:
         data = await asyncio.to_thread(_dumps, payload) if large else _dumps(payload)
@@ -316,54 +317,13 @@ class EngineCounter:
             return await asyncio.to_thread(json.loads, resp.body)
         return json.loads(resp.body)
 
-    async def _vllm(self, replica: Replica, req: ParsedRequest, large: bool) -> int:
-        body = req.body
-        payload: dict[str, Any] = {"model": body.get("model")}
-        if req.endpoint == "chat":
-            payload.update(messages=body["messages"], add_generation_prompt=True)
-            if body.get("tools"):
-                payload["tools"] = body["tools"]
-        else:
-            payload["prompt"] = _prompt_text(body.get("prompt"))
-        result = await self._post(replica, "/tokenize", payload, large)
-        return _positive_int(result["count"])
-
-    async def _llamacpp(self, replica: Replica, req: ParsedRequest, large: bool) -> int:
-        body = req.body
-        if req.endpoint == "chat":
-            rendered = await self._post(
-                replica, "/apply-template", {"messages": body["messages"]}, large
-            )
-            text = rendered["prompt"]
-        else:
-            text = _prompt_text(body.get("prompt"))
-        result = await self._post(replica, "/tokenize", {"content": text}, large)
-        tokens = result["tokens"]
-        if not isinstance(tokens, list):
-            raise TypeError("/tokenize returned no token list")
-        return _positive_int(len(tokens))
-
 
 def _tokenizing(replicas: Sequence[Replica]) -> Replica | None:
-    return next((r for r in replicas if r.kind in ("vllm", "llamacpp")), None)
+    return next((r for r in replicas if r.engine.counts_tokens), None)
 
 
 def _dumps(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, ensure_ascii=False).encode()
-
-
-def _prompt_text(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return "".join(prompt)
-    raise ValueError("token-id prompts are counted by the estimate")
-
-
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"not a token count: {value!r}")
-    return value
 
 
 class LocalTokenizerCounter:

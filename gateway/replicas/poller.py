@@ -1,10 +1,10 @@
 """Poll each replica's live state (`gateway.engines.readings`) into `Replica.live`.
 
 One task per replica, one request at a time, every `admission.poll_interval_s`
-(jittered ±20 %), each GET bounded by `admission.poll_timeout_s`. vLLM:
-`/metrics`; llama.cpp: `/props` (until it answered once), `/slots`, and
-`/metrics` unless it answered 404/501 (server started without `--metrics`).
-Replicas whose kind is still unknown are skipped until health checks detect it.
+(jittered ±20 %), each GET bounded by `admission.poll_timeout_s`. What is
+read is the engine adapter's (`EngineAdapter.live_reader`: one reader per
+replica, which may remember what need not be asked twice). Replicas whose
+engine has no reader (kind still unknown, or a generic upstream) are skipped.
 After every reading or failure `on_update` is called (the admission
 controller wakes its queue on fresh readings). Replicas that join or leave
 at run time get or lose their task (`Membership`).
@@ -13,30 +13,20 @@ at run time get or lose their task (`Membership`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gateway.config.schema import AdmissionConfig
-from gateway.engines.readings import (
-    EngineReading,
-    MetricsParseError,
-    parse_llamacpp,
-    parse_vllm_metrics,
-)
-from gateway.errors import GatewayError
+from gateway.engines import LiveReader
+from gateway.engines.readings import EngineReading, MetricsParseError
 from gateway.replicas.livestate import ReplicaLive
-from gateway.replicas.registry import ProbeClient, Replica, ReplicaRegistry
+from gateway.replicas.probe import PollError, ProbeClient, ReplicaGet
+from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.replicas.tasks import ReplicaTasks
 
 log = logging.getLogger("gateway.replicas.poller")
-
-
-class PollError(Exception):
-    """A poll did not yield a reading."""
 
 
 class LiveStatePoller:
@@ -58,8 +48,8 @@ class LiveStatePoller:
         self._rng = rng or random.Random()
         self._clock = clock
         self._tasks = ReplicaTasks("poll", self._loop)
-        self._props: dict[str, Any] = {}
-        self._no_metrics: set[str] = set()
+        #: replica name -> (its engine kind, that engine's reader)
+        self._readers: dict[str, tuple[str, LiveReader]] = {}
         registry.subscribe(self)
 
     async def start(self) -> None:
@@ -73,8 +63,7 @@ class LiveStatePoller:
 
     def replica_removed(self, replica: Replica) -> None:
         self._tasks.remove(replica.name)
-        self._props.pop(replica.name, None)
-        self._no_metrics.discard(replica.name)
+        self._readers.pop(replica.name, None)
 
     async def poll_all(self) -> None:
         await asyncio.gather(*(self.poll(r) for r in self._registry))
@@ -87,10 +76,11 @@ class LiveStatePoller:
 
     async def poll(self, replica: Replica) -> None:
         tracker = self._trackers.get(replica.name)
-        if tracker is None or replica.kind not in ("vllm", "llamacpp"):
-            return  # left the set, or its kind is not known yet
+        reader = self._reader(replica)
+        if tracker is None or reader is None:
+            return  # left the set, or its engine has no reading (kind not known yet)
         try:
-            reading = await self._read(replica)
+            reading = await self._read(replica, reader)
         except PollError as exc:
             tracker.poll_failed(self._clock())
             if tracker.failures == self._cfg.unhealthy_after_failures:
@@ -100,50 +90,24 @@ class LiveStatePoller:
         replica.live = tracker.state
         self._on_update(replica)
 
-    async def _read(self, replica: Replica) -> EngineReading:
-        if replica.kind == "vllm":
-            text = await self._get_text(replica, "/metrics")
-            try:
-                return parse_vllm_metrics(text or "")
-            except MetricsParseError as exc:
-                raise PollError(f"bad /metrics: {exc}") from exc
-        return await self._read_llamacpp(replica)
+    def _reader(self, replica: Replica) -> LiveReader | None:
+        known = self._readers.get(replica.name)
+        if known is not None and known[0] == replica.kind:
+            return known[1]
+        reader = replica.engine.live_reader()
+        if reader is not None:
+            self._readers[replica.name] = (replica.kind, reader)
+        return reader
 
-    async def _read_llamacpp(self, replica: Replica) -> EngineReading:
-        if replica.name not in self._props:
-            props = await self._get_json(replica, "/props")
-            if props is not None:
-                self._props[replica.name] = props
-        slots = await self._get_json(replica, "/slots")
-        text = None
-        if replica.name not in self._no_metrics:
-            text = await self._get_text(replica, "/metrics")
-            if text is None:
-                self._no_metrics.add(replica.name)
+    async def _read(self, replica: Replica, reader: LiveReader) -> EngineReading:
+        get = ReplicaGet(
+            self._client,
+            replica.url,
+            replica.auth_headers(),
+            self._cfg.poll_timeout_s,
+            strict=True,
+        )
         try:
-            return parse_llamacpp(self._props.get(replica.name), slots, text)
+            return await reader.read(get)
         except MetricsParseError as exc:
             raise PollError(f"bad /metrics: {exc}") from exc
-
-    async def _get_text(self, replica: Replica, path: str) -> str | None:
-        """Body text; None when the route does not exist (404/501)."""
-        try:
-            resp = await self._client.get(
-                replica.url + path, self._cfg.poll_timeout_s, replica.auth_headers()
-            )
-        except GatewayError as exc:
-            raise PollError(exc.message) from exc
-        if resp.status in (404, 501):
-            return None
-        if resp.status != 200:
-            raise PollError(f"{path} answered HTTP {resp.status}")
-        return resp.body.decode("utf-8", "replace")
-
-    async def _get_json(self, replica: Replica, path: str) -> Any:
-        text = await self._get_text(replica, path)
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise PollError(f"{path} is not JSON: {exc}") from exc

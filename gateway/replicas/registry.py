@@ -24,40 +24,24 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gateway.config.schema import HealthConfig, ReplicaConfig
+from gateway.engines import GENERIC, EngineAdapter, adapter_for, detect_kind
 from gateway.errors import GatewayError
 from gateway.replicas.livestate import LiveState
+from gateway.replicas.probe import ProbeClient, ReplicaGet
 from gateway.replicas.tasks import ReplicaTasks
 
 log = logging.getLogger("gateway.replicas.registry")
 
 
-class ProbeAnswer(Protocol):
-    @property
-    def status(self) -> int: ...
-    @property
-    def body(self) -> bytes: ...
-
-
-class ProbeClient(Protocol):
-    """What health checks and live-state polls need of the upstream client
-    (`gateway.forward.upstream.UpstreamClient`)."""
-
-    async def get(
-        self, url: str, timeout: float, headers: Mapping[str, str] | None = None
-    ) -> ProbeAnswer:
-        """A small bounded GET; GatewayError when it fails."""
-        ...
-
-
 @dataclass(eq=False)
 class Replica:
     config: ReplicaConfig
-    kind: str = "unknown"
+    kind: str = GENERIC.kind
     healthy: bool = False
     checked: bool = False
     fail_streak: int = 0
@@ -85,9 +69,13 @@ class Replica:
     def __post_init__(self) -> None:
         self.name = self.config.name
         self.url = self.config.url
-        if self.config.kind != "auto":
-            self.kind = self.config.kind
+        self.kind = adapter_for(self.config.kind).kind
         self.max_model_len = self.config.max_model_len
+
+    @property
+    def engine(self) -> EngineAdapter:
+        """The adapter of the replica's engine kind (the generic one until detected)."""
+        return adapter_for(self.kind)
 
     def routable(self, now: float) -> bool:
         """Whether new requests may go here at `now` (monotonic): healthy, not
@@ -281,25 +269,19 @@ class HealthMonitor:
         return False, f"/health answered HTTP {resp.status}"
 
     async def _discover(self, replica: Replica) -> None:
-        if replica.kind == "unknown":
-            replica.kind = await self._detect_kind(replica)
-        await self._read_models(replica)
-        if replica.kind == "llamacpp" and replica.config.max_model_len is None:
-            n_ctx = await read_llamacpp_n_ctx(self._client, replica, self._cfg.timeout_s)
-            replica.max_model_len = n_ctx or replica.max_model_len
-
-    async def _detect_kind(self, replica: Replica) -> str:
-        timeout, headers = self._cfg.timeout_s, replica.auth_headers()
+        get = ReplicaGet(self._client, replica.url, replica.auth_headers(), self._cfg.timeout_s)
         try:
-            props = await self._client.get(replica.url + "/props", timeout, headers)
-            if props.status == 200 and b"default_generation_settings" in props.body:
-                return "llamacpp"
-            metrics = await self._client.get(replica.url + "/metrics", timeout, headers)
-            if metrics.status == 200 and b"vllm:" in metrics.body:
-                return "vllm"
+            if replica.engine.generic:
+                replica.kind = await detect_kind(get)
         except GatewayError as exc:
             log.warning("cannot detect engine kind of %s: %s", replica.name, exc.message)
-        return "unknown"
+        await self._read_models(replica)
+        if replica.config.max_model_len is None:
+            try:
+                n_ctx = await replica.engine.context_length(get)
+            except GatewayError:
+                n_ctx = None
+            replica.max_model_len = n_ctx or replica.max_model_len
 
     async def _read_models(self, replica: Replica) -> None:
         try:
@@ -319,15 +301,3 @@ class HealthMonitor:
             found = [v for v in lens if isinstance(v, int) and v > 0]
             if found:
                 replica.max_model_len = min(found)
-
-
-async def read_llamacpp_n_ctx(client: ProbeClient, replica: Replica, timeout: float) -> int | None:
-    """Per-slot context size of a llama.cpp server (`/props`)."""
-    try:
-        resp = await client.get(replica.url + "/props", timeout, replica.auth_headers())
-        data = json.loads(resp.body) if resp.status == 200 else None
-    except (GatewayError, ValueError):
-        return None
-    settings = data.get("default_generation_settings") if isinstance(data, dict) else None
-    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None

@@ -121,8 +121,10 @@ class Routing:
     #: replica name -> prompt tokens the prefix index expects cached there
     #: (admission reserves prefill work = prompt - cached)
     cached_tokens: dict[str, int] = field(default_factory=dict)
-    #: the llama.cpp slot the router wrote into the body (cleared on a retry elsewhere)
+    #: the engine slot the router wrote into the body, and the body field it wrote
+    #: (`EngineAdapter.slot_field`; cleared on a retry elsewhere)
     pinned_slot: int | None = None
+    pinned_field: str | None = None
     #: the session's replica as the shared state store knows it (several instances)
     session_replica: str | None = None
 

@@ -64,9 +64,9 @@ def engine_view(replica: Replica) -> EngineView:
 
 
 def max_seqs(replica: Replica, view: EngineView, cfg: SchedulingConfig) -> int:
-    """Sequences the replica runs at once: llama.cpp slots, vLLM `max_num_seqs`
-    (or the admission bound on its in-flight requests, when lower)."""
+    """Sequences the replica runs at once: an engine's slots (llama.cpp), else
+    `max_num_seqs` (or the admission bound on its in-flight requests, when lower)."""
     limit = cfg.decode.max_num_seqs
-    if replica.kind == "llamacpp":
+    if replica.engine.slot_field is not None:
         limit = view.max_seqs or cfg.llamacpp_slots or limit
     return min(limit, view.max_seqs or limit)

@@ -1,12 +1,13 @@
-"""llama.cpp slot pinning: one session keeps one slot of one replica (a
-session: the client's key, else the conversation's implicit key).
+"""Slot pinning: one session keeps one slot of one replica (a session: the
+client's key, else the conversation's implicit key), on engines that run a
+fixed set of slots (`EngineAdapter.slot_field`, e.g. llama.cpp's `id_slot`).
 
-llama.cpp reuses a slot's prompt cache only when the request lands in that
-slot. While the slot assigned to a session is free (no request of ours runs
+Such an engine reuses a slot's prompt cache only when the request lands in
+that slot. While the slot assigned to a session is free (no request of ours runs
 in it, and `/slots` does not say it is processing), the request carries
-`id_slot`; otherwise the engine chooses. A slot belongs to at most one
+the slot field; otherwise the engine chooses. A slot belongs to at most one
 session per replica; a new session takes a free unowned slot, else the free
-slot of the least recently served session. The client's own `id_slot` is
+slot of the least recently served session. The client's own slot field is
 never overridden.
 """
 
@@ -31,15 +32,16 @@ class SlotPinner:
     def apply(
         self, ctx: RequestContext, replica: Replica, tracker: Tracker, key: str | None
     ) -> int | None:
-        """Set (or clear) the gateway's `id_slot` in the body for the session
+        """Set (or clear) the gateway's slot field in the body for the session
         `key` (the client's or the implicit one); return the slot set."""
         assert ctx.request is not None
         body = ctx.request.body
         routing = ctx.routing
         if routing.pinned_slot is not None:
-            body.pop("id_slot", None)  # an earlier attempt on another replica
-            routing.pinned_slot = None
-        if replica.kind != "llamacpp" or not key or "id_slot" in body:
+            body.pop(routing.pinned_field or "", None)  # an earlier attempt elsewhere
+            routing.pinned_slot = routing.pinned_field = None
+        slot_field = replica.engine.slot_field
+        if slot_field is None or not key or slot_field in body:
             return None
         view = engine_view(replica)
         # the engine's slot list, else its slot count (`/props` total_slots), else config
@@ -54,8 +56,8 @@ class SlotPinner:
         busy |= {i for i, b in enumerate(view.slots_busy or ()) if b}
         slot = self._choose(replica.name, key, count, busy)
         if slot is not None:
-            body["id_slot"] = slot
-            routing.pinned_slot = slot
+            body[slot_field] = slot
+            routing.pinned_slot, routing.pinned_field = slot, slot_field
         return slot
 
     def forget(self, replica: str) -> None:

@@ -102,9 +102,9 @@ def check_profiles(cfg: SchedulingConfig) -> list[str]:
 
 
 def _check_ref(kinds: Mapping[str, str], path: str, name: str, want: str) -> list[str]:
-    kind = kinds.get(name)
-    if kind is None:
+    found = kinds.get(name)
+    if found is None:
         return [f"{path}: no plugin named {name!r} is defined"]
-    if kind != want:
-        return [f"{path}: plugin {name!r} is a {kind}, expected a {want}"]
+    if found != want:
+        return [f"{path}: plugin {name!r} is a {found}, expected a {want}"]
     return []

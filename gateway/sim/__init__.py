@@ -1,4 +1,4 @@
-"""Engine simulator: vLLM and llama.cpp flavours without a GPU.
+"""Engine simulator: vLLM, llama.cpp and SGLang flavours without a GPU.
 
 Public surface: `SimConfig` (every knob), `create_sim_app` (one replica as a
 Starlette app), `SimReplica` (the same with direct access to its state), and

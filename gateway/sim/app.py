@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -53,6 +55,7 @@ from gateway.sim.protocol import (
     parse_job,
 )
 from gateway.sim.request import RequestRecord, SimRequest
+from gateway.sim.sglang import FlatErrors, sglang_routes
 from gateway.sim.slots import SlotScheduler
 from gateway.sim.tokens import OutputText, prompt_digest
 
@@ -101,6 +104,10 @@ class SimReplica:
     """Engine, scheduler, metrics, faults and routes of one simulated replica."""
 
     def __init__(self, config: SimConfig) -> None:
+        #: the engine a client sees; sglang runs vLLM's engine model (`sglang.py`)
+        self.face = config.flavor
+        if config.flavor == "sglang":
+            config = dataclasses.replace(config, flavor="vllm")
         self.config = config
         self.core = EngineCore(config)
         self.scheduler: BatchScheduler | SlotScheduler
@@ -115,8 +122,12 @@ class SimReplica:
         self.faults = Faults()
         self._ready_at = config.warmup_s
         handlers = {404: _llama_not_found if config.flavor == "llamacpp" else _vllm_not_found}
+        middleware = [Middleware(FlatErrors)] if self.face == "sglang" else []
         self.app = _SimStarlette(
-            routes=self._routes(), lifespan=self._lifespan, exception_handlers=handlers
+            routes=self._routes(),
+            lifespan=self._lifespan,
+            exception_handlers=handlers,
+            middleware=middleware,
         )
 
     # --- lifecycle -----------------------------------------------------------------
@@ -162,7 +173,10 @@ class SimReplica:
                 ("/completion", "native"),
             ]
         routes = [Route(path, _Generate(self, kind), methods=["POST"]) for path, kind in gen]
-        routes += vllm_routes(self) if self.config.flavor == "vllm" else llamacpp_routes(self)
+        if self.face == "sglang":
+            routes += sglang_routes(self)
+        else:
+            routes += vllm_routes(self) if self.config.flavor == "vllm" else llamacpp_routes(self)
         routes += [
             Route("/sim/stats", guarded(self._stats_route), methods=["GET"]),
             Route("/sim/reset", guarded(self._reset_route), methods=["POST"]),
@@ -283,7 +297,7 @@ class SimReplica:
         """`/sim/stats`: totals, gauges and (unless `records=False`) per-request records."""
         totals, gauges = self.snapshot()
         out: dict[str, Any] = {
-            "flavor": self.config.flavor,
+            "flavor": self.face,
             "model": self.config.model,
             "now": self.core.clock.now(),
             "now_wall": time.time(),

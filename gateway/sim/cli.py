@@ -40,10 +40,11 @@ _ALIASES = {
     "metrics_enabled": ["--metrics"],
     "model": ["--served-model-name"],
 }
-_CHOICES = {"flavor": ["vllm", "llamacpp"], "scheduling_policy": ["fcfs", "priority"]}
+_CHOICES = {"flavor": ["vllm", "llamacpp", "sglang"], "scheduling_policy": ["fcfs", "priority"]}
 #: What each SimConfig field means, as `gateway sim -h` shows it (times in simulated seconds).
 _HELP = {
-    "flavor": "which engine to imitate: its endpoints, metric names and error bodies",
+    "flavor": "which engine to imitate: its endpoints, metric names and error bodies "
+    "(sglang: the vllm engine model behind SGLang's routes)",
     "model": "the model name served (vLLM answers 404 for any other; llama.cpp takes any)",
     "max_model_len": "longest context per request (vLLM --max-model-len; llama.cpp n_ctx_train)",
     "kv_tokens": "KV cache pool in tokens (vLLM blocks x block size; llama.cpp --ctx-size)",

@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
-Flavor = Literal["vllm", "llamacpp"]
+Flavor = Literal["vllm", "llamacpp", "sglang"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 
-_FLAVORS = ("vllm", "llamacpp")
+_FLAVORS = ("vllm", "llamacpp", "sglang")
 _POLICIES = ("fcfs", "priority")
 
 
