@@ -1,7 +1,7 @@
 """Admission: lease KV room and prefill capacity on a replica, or wait in the queue.
 
-`AdmissionController.acquire(ctx, ranked)` is an async context manager
-yielding a `Lease` (`.replica` is where to forward). It takes the first
+`AdmissionController.take(ctx, ranked)` returns a `Lease` (`.replica` is
+where to forward), given back by `gateway.pipeline.release.lease`. It takes the first
 ranked replica that can admit now; otherwise the request waits in the
 gateway queue (priority class, then deadline, then arrival) and is woken —
 by a lease release or a fresh metrics reading, never by a polling loop —
@@ -13,7 +13,7 @@ Per replica, a request is admitted when (all in tokens unless noted):
 - prefill: backlog + uncached prompt ≤ TTFT target(class) × measured
   prefill rate (an empty backlog admits any single prompt);
 - the engine's own waiting queue ≤ `max_engine_waiting`;
-- in flight < the concurrency bound (config or llama.cpp slots); with no
+- in flight < the concurrency bound (config or the engine's slots); with no
   known capacity, `unknown_capacity_max_in_flight`.
 With one gateway the trackers are the ledger and a fit is a grant (no
 suspension in between); with a shared store the same limits go into one
@@ -29,10 +29,9 @@ request exceeds every replica's capacity.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,19 +118,11 @@ class AdmissionController:
 
     # --- acquire ------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def acquire(self, ctx: RequestContext, ranked: list[Replica]) -> AsyncIterator[Lease]:
-        """`async with controller.acquire(ctx, ranked) as lease:` — the lease is
-        released on leaving the block by any path; a block that succeeded
-        teaches the output estimator what the request used."""
+    async def take(self, ctx: RequestContext, ranked: list[Replica]) -> Lease:
+        """A lease on the first ranked replica that can admit now, else after
+        waiting in the queue. Given back by `gateway.pipeline.release`."""
         lease = self._begin(ctx, ranked)
-        if lease is None:
-            lease = await self._enter(ctx, ranked)
-        try:
-            yield lease
-        finally:
-            await _release(lease)
-        self.estimator.learn(ctx)
+        return lease if lease is not None else await self._enter(ctx, ranked)
 
     def _begin(self, ctx: RequestContext, ranked: list[Replica]) -> Lease | None:
         """The part of admission that never suspends: a lease granted now, or
@@ -224,7 +215,7 @@ class AdmissionController:
             # A lease granted at the moment the wait ended is nobody's: give it back.
             orphan = self._withdraw(entry, future)
             if orphan is not None:
-                await _release(orphan)
+                await orphan.release()
             raise
         self.queue.remove(entry)
         self._count_admitted(cls, self._clock() - entry.enqueued_at)
@@ -427,10 +418,3 @@ class AdmissionController:
                 for c, st in self.queue.stats.items()
             },
         }
-
-
-async def _release(lease: Lease) -> None:
-    """Give a lease back; a shared-store release is shielded so that a
-    cancellation arriving meanwhile cannot leave it half done."""
-    if not lease.close_now():
-        await asyncio.shield(lease.close())

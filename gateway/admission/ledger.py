@@ -107,6 +107,12 @@ class Lease:
         """Release everything held; idempotent."""
         self.close_now()
 
+    async def release(self) -> None:
+        """Give the lease back; a shared-store release is shielded so that a
+        cancellation arriving meanwhile cannot leave it half done."""
+        if not self.close_now():
+            await asyncio.shield(self.close())
+
     def _give_back(self) -> None:
         kv, prefill = self.kv_held, self.prefill_held
         self.kv_held = self.prefill_held = 0

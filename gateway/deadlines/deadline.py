@@ -181,22 +181,39 @@ def interrupt(ctx: RequestContext) -> bool:
     return d is not None and d.timer is not None and d.timer.interrupt(SHUTDOWN)
 
 
-@contextlib.asynccontextmanager
-async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
-    """Bound the body of the block by the request's deadline.
-
-    Yields the `send` to use inside: it moves the timer from the
-    response-start deadline (client timeout) to the total deadline once the
-    response starts. On expiry the block is cancelled (closing the upstream
-    connection) and `DeadlineExceeded` is raised; when a shutdown interrupts
-    it (`interrupt(ctx)`), `ShuttingDown`. The timer is the request's
-    one `RequestTimer` (`ctx.deadline.timer`), which the forwarder also uses
-    for its connect / first-byte / idle bounds."""
+def arm(ctx: RequestContext) -> RequestTimer:
+    """Start the request's one `RequestTimer` (`ctx.deadline.timer`), which
+    `enforce` and the forwarder's connect / first-byte / idle bounds use.
+    Stopped by `disarm` (`gateway.pipeline.release`)."""
     d = ctx.deadline
     assert d is not None
     t = d.timeouts
     horizon = min(t.first_byte_s, t.idle_s, t.total_s)
     timer = d.timer = RequestTimer(_loop_time(timer_deadline(ctx)[0]), horizon, ctx.serving_task)
+    return timer
+
+
+def disarm(ctx: RequestContext) -> None:
+    """Stop the request's timer; idempotent."""
+    d = ctx.deadline
+    timer = d.timer if d is not None else None
+    if d is not None and timer is not None:
+        d.timer = None
+        timer.close()
+
+
+@contextlib.asynccontextmanager
+async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
+    """Bound the body of the block by the request's deadline (its timer armed).
+
+    Yields the `send` to use inside: it moves the timer from the
+    response-start deadline (client timeout) to the total deadline once the
+    response starts. On expiry the block is cancelled (closing the upstream
+    connection) and `DeadlineExceeded` is raised; when a shutdown interrupts
+    it (`interrupt(ctx)`), `ShuttingDown`."""
+    d = ctx.deadline
+    assert d is not None and d.timer is not None, "arm the timer first"
+    timer = d.timer
 
     async def timed_send(message: MutableMapping[str, Any]) -> None:
         started = ctx.response.started
@@ -212,6 +229,3 @@ async def enforce(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
         if timer.claim(SHUTDOWN):
             raise shutting_down_error() from None
         raise
-    finally:
-        d.timer = None
-        timer.close()

@@ -3,7 +3,7 @@ record) or `json` (one JSON object per line for every record: `ts`, `level`,
 `logger`, `message`, the record's structured fields, `exc` for a traceback).
 
 Structured fields are what a call passes as `extra=` (the access line in
-`gateway/pipeline/settle.py` passes its fields that way); in text they are
+`gateway/pipeline/record.py` passes its fields that way); in text they are
 already part of the message. No module logs request bodies, headers or
 secrets; the tests check the access line in both formats.
 """

@@ -169,8 +169,9 @@ async def _race_disconnect(
     client disconnects (the lean server's `DISCONNECT_EXTENSION`; on other
     servers `_receive_watch`, a task blocked in `receive()`), and the callback
     cancels this task. Once the last body byte was sent, a disconnect no
-    longer cancels: the remaining work is settling (lease release, budget
-    settle), which must complete."""
+    longer cancels: the remaining work is giving back what the request took
+    (`release.py`: lease, budget reservation) and its record, which must
+    complete."""
     current = asyncio.current_task()
     assert current is not None
     ctx.serving_task = current

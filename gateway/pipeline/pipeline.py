@@ -1,14 +1,13 @@
 """One request, one pass:
 
-    auth → ingress → policy → deadlines → budgets → route → admit → forward → settle
+    auth → ingress → policy → deadlines → budgets → route → admit → forward → record
 
 `Pipeline.handle` always answers the client (success, an OpenAI-shaped
 error, or an SSE error event once a stream has started) unless the client
-is gone, in which case the endpoint cancels it. Every resource is held by
-an `async with` block: the deadline's timer (`deadlines.enforce`), budget
-reservations (`budgets.reserve`), the admission lease (`admission.acquire`)
-and the upstream connection (inside the forwarder); each is released as the
-block unwinds, on every path. Settling (metrics, access log) runs last.
+is gone, in which case the endpoint cancels it. What the request takes (its
+timer, budget reservation, admission lease) is held and given back by
+`release.py`, on every path; the upstream connection by the forwarder. The
+record (metrics, access log) is made last (`record.py`).
 """
 
 from __future__ import annotations
@@ -34,8 +33,9 @@ from gateway.forward.forwarder import Forwarder, Send
 from gateway.ingress.auth import Authenticator
 from gateway.ingress.stage import Ingress
 from gateway.observability.metrics import GatewayMetrics
+from gateway.pipeline import release
 from gateway.pipeline.lifecycle import Lifecycle
-from gateway.pipeline.settle import Settle
+from gateway.pipeline.record import Recorder
 from gateway.policy.budgets import Budgets
 from gateway.policy.stage import PolicyStage
 from gateway.replicas.outliers import OutlierDetector, failed_exchange
@@ -66,7 +66,7 @@ class Pipeline:
         self._registry = registry
         self.stages = stages
         self._metrics = metrics
-        self._settle = Settle(metrics, cfg.access_log)
+        self._record = Recorder(metrics, cfg.access_log)
         self.lifecycle = Lifecycle()
         self._outliers = OutlierDetector(
             cfg.health, lambda r: metrics.replica_ejections.labels(r.name).inc()
@@ -81,7 +81,7 @@ class Pipeline:
         finally:
             self.lifecycle.leave(ctx)
             self._metrics.in_flight.dec()
-            self._settle.settle(ctx)
+            self._record.record(ctx)
 
     async def _answer(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
         """Run the request and answer it; sets `ctx.outcome`."""
@@ -117,7 +117,7 @@ class Pipeline:
         deadlines.resolve(ctx, self._cfg)
         if self.lifecycle.ended:  # admitted before the drain, but its grace is over
             raise deadlines.shutting_down_error()
-        async with deadlines.enforce(ctx, send) as timed_send, s.budgets.reserve(ctx):
+        async with release.request(ctx, send, s.budgets) as timed_send:
             await self._dispatch(ctx, timed_send)
 
     async def _dispatch(self, ctx: RequestContext, send: Send) -> None:
@@ -150,7 +150,7 @@ class Pipeline:
             await s.affinity.lookup(ctx, session_key)
         ranking = s.router.rank(ctx, candidates)
         ctx.progress = "queued"
-        async with s.admission.acquire(ctx, ranking.replicas) as lease:
+        async with release.lease(s.admission, ctx, ranking.replicas) as lease:
             replica = ctx.replica = lease.replica
             ctx.attempts += 1
             s.router.on_routed(ctx, ranking, replica)

@@ -27,11 +27,9 @@ the session's own; session keys expire after the policy's
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
@@ -63,6 +61,10 @@ class Rule:
         return self.reason.startswith("session")
 
 
+#: a reservation, the rules it claims for, and the worst case it reserved
+Held = tuple[Reservation, list[Rule], int]
+
+
 class Budgets:
     def __init__(
         self,
@@ -82,16 +84,10 @@ class Budgets:
             registry=metrics_registry or CollectorRegistry(),
         )
 
-    @contextlib.asynccontextmanager
-    async def reserve(self, ctx: RequestContext) -> AsyncIterator[None]:
-        """`async with budgets.reserve(ctx):` — reserve the worst case on entry
-        (RateLimited if a limit is reached), settle with what happened on exit."""
-        held = await self._enter(ctx) if self.applies(ctx) else None
-        try:
-            yield
-        finally:
-            if held is not None:
-                await self._exit(ctx, held)
+    async def take(self, ctx: RequestContext) -> Held | None:
+        """Reserve the worst case (RateLimited if a limit is reached); None when
+        no limit applies. Settled by `gateway.pipeline.release` (`settle`)."""
+        return await self._enter(ctx) if self.applies(ctx) else None
 
     def applies(self, ctx: RequestContext) -> bool:
         """Whether any limit or budget may apply (most requests: none, and
@@ -103,7 +99,7 @@ class Budgets:
             bool(ctx.session_key) and contract is not None and contract.policy.session is not None
         )
 
-    async def _enter(self, ctx: RequestContext) -> tuple[Reservation, list[Rule], int] | None:
+    async def _enter(self, ctx: RequestContext) -> Held | None:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0) * ctx.choices
         rules = self._tenant_rules(ctx, worst)
         session = ctx.contract.policy.session if ctx.contract is not None else None
@@ -129,10 +125,12 @@ class Budgets:
             raise self._refusal(rule, result)
         return result.reservation, rules, worst
 
-    async def _exit(self, ctx: RequestContext, held: tuple[Reservation, list[Rule], int]) -> None:
+    async def settle(self, ctx: RequestContext, held: Held) -> None:
+        """Settle a reservation with what the request used (its own store call:
+        the caller shields it)."""
         res, rules, worst = held
         actual = {r.claim.key: _kept(r, ctx, worst) for r in rules}
-        await asyncio.shield(self._store.settle(res, actual))
+        await self._store.settle(res, actual)
 
     def _reservation_ttl(self, ctx: RequestContext) -> float:
         now = time.monotonic()

@@ -13,7 +13,7 @@
      ├── progress, replica,    the pipeline's dispatch loop (pipeline.pipeline)
      │   attempts
      ├── exchange: Exchange    forward (forward.forwarder): the current upstream exchange
-     └── outcome, finished_at  the pipeline, then settle (pipeline.settle)
+     └── outcome, finished_at  the pipeline, then its record (pipeline.record)
 
 Later stages read what earlier ones wrote; no stage writes another's record.
 """

@@ -15,6 +15,7 @@ from gateway.admission.controller import AdmissionController
 from gateway.config.schema import AdmissionConfig, ReplicaConfig
 from gateway.engines.readings import EngineReading
 from gateway.errors import BadRequest, Overloaded
+from gateway.pipeline import release
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.request.context import RequestContext
 from tests.ctxkit import make_ctx
@@ -48,7 +49,7 @@ class Harness:
 
     async def hold(self, name: str, c: RequestContext) -> None:
         gate = self.gates.setdefault(name, asyncio.Event())
-        async with self.ctl.acquire(c, self.ranked):
+        async with release.lease(self.ctl, c, self.ranked):
             self.order.append(name)
             await gate.wait()
 
@@ -138,7 +139,7 @@ async def test_queue_full_sheds_with_retry_after() -> None:
             h.start(f"s{i}", ctx())
         await settle()
         with pytest.raises(Overloaded) as info:
-            async with ctl.acquire(ctx(), reps):
+            async with release.lease(ctl, ctx(), reps):
                 pass
         assert info.value.status == 503 and info.value.reason == "queue_full"
         assert info.value.retry_after is not None and info.value.retry_after >= 1
@@ -148,7 +149,7 @@ async def test_queue_full_sheds_with_retry_after() -> None:
 async def test_bigger_than_any_replica_is_400_at_once() -> None:
     ctl, reps = setup(caps=(CAP, CAP // 2))
     with pytest.raises(BadRequest) as info:
-        async with ctl.acquire(ctx(9000, 2000), reps):
+        async with release.lease(ctl, ctx(9000, 2000), reps):
             pass
     assert info.value.status == 400 and info.value.reason == "exceeds_capacity"
     assert len(ctl.queue) == 0
@@ -157,7 +158,7 @@ async def test_bigger_than_any_replica_is_400_at_once() -> None:
 @sync
 async def test_lone_request_above_watermark_is_admitted_on_an_idle_replica() -> None:
     ctl, reps = setup()
-    async with ctl.acquire(ctx(6000, 3500, "batch"), reps) as lease:
+    async with release.lease(ctl, ctx(6000, 3500, "batch"), reps) as lease:
         assert lease.replica is reps[0]
 
 
@@ -192,7 +193,7 @@ async def test_early_shed_when_the_deadline_cannot_cover_the_ttft() -> None:
         # not at the deadline.
         t0 = time.monotonic()
         with pytest.raises(Overloaded) as info:
-            async with ctl.acquire(ctx(2000, 10, timeout=0.5), reps):
+            async with release.lease(ctl, ctx(2000, 10, timeout=0.5), reps):
                 pass
         assert info.value.reason == "deadline_unreachable"
         assert time.monotonic() - t0 < 0.4
@@ -214,7 +215,7 @@ async def test_fresh_metrics_wake_the_queue() -> None:
 
 
 async def _acquire_once(ctl: AdmissionController, reps: list[Replica], c: RequestContext) -> str:
-    async with ctl.acquire(c, reps) as lease:
+    async with release.lease(ctl, c, reps) as lease:
         return lease.replica.name
 
 
@@ -227,7 +228,7 @@ async def test_first_byte_ends_the_prefill_claim() -> None:
     )
     ctl, reps = setup(cfg)
     c1 = ctx(900, 10)
-    async with ctl.acquire(c1, reps):
+    async with release.lease(ctl, c1, reps):
         assert reps[0].live.prefill_backlog_tokens == 900
         assert not ctl.can_admit(ctx(500, 10), reps[0])  # 1400 > 1 s × 1000 tok/s
         assert c1.admission.on_first_byte is not None
@@ -242,7 +243,10 @@ async def test_first_byte_ends_the_prefill_claim() -> None:
 @sync
 async def test_second_replica_takes_what_the_first_cannot() -> None:
     ctl, reps = setup(caps=(CAP, CAP))
-    async with ctl.acquire(ctx(4000, 4000), reps) as a, ctl.acquire(ctx(4000, 4000), reps) as b:
+    async with (
+        release.lease(ctl, ctx(4000, 4000), reps) as a,
+        release.lease(ctl, ctx(4000, 4000), reps) as b,
+    ):
         assert (a.replica.name, b.replica.name) == ("r0", "r1")
 
 
@@ -250,7 +254,10 @@ async def test_second_replica_takes_what_the_first_cannot() -> None:
 async def test_disabled_admission_takes_first_healthy_and_counts() -> None:
     ctl, reps = setup(AdmissionConfig(enabled=False), caps=(100, 100))
     reps[0].healthy = False
-    async with ctl.acquire(ctx(4000, 4000), reps) as a, ctl.acquire(ctx(4000, 4000), reps) as b:
+    async with (
+        release.lease(ctl, ctx(4000, 4000), reps) as a,
+        release.lease(ctl, ctx(4000, 4000), reps) as b,
+    ):
         assert a.replica is b.replica is reps[1]
         assert reps[1].in_flight == 2 and reps[1].live.in_flight == 2
     assert reps[1].in_flight == 0
@@ -261,14 +268,14 @@ async def test_unknown_capacity_bounds_in_flight() -> None:
     ctl, reps = setup(
         AdmissionConfig(max_engine_waiting=None, unknown_capacity_max_in_flight=2), caps=(None,)
     )
-    async with ctl.acquire(ctx(), reps), ctl.acquire(ctx(), reps):
+    async with release.lease(ctl, ctx(), reps), release.lease(ctl, ctx(), reps):
         assert not ctl.can_admit(ctx(), reps[0])
 
 
 @sync
 async def test_lease_granted_to_a_waiter_cancelled_at_the_same_moment_is_returned() -> None:
     ctl, reps = setup(AdmissionConfig(max_engine_waiting=None, max_in_flight=1))
-    cm = ctl.acquire(ctx(), reps)
+    cm = release.lease(ctl, ctx(), reps)
     lease = await cm.__aenter__()
     async with harness(ctl, reps) as h:
         waiter = h.start("waiter", ctx())

@@ -19,6 +19,7 @@ from gateway.deadlines.client import parse_headers
 from gateway.deadlines.deadline import resolve
 from gateway.errors import DeadlineExceeded, InvalidDeadlineHeader, error_headers
 from gateway.ingress.protocol import parse_request
+from gateway.pipeline import release
 from gateway.policies.policyset import DeadlineSpec, Policy, TimeoutsSpec
 from gateway.request.context import Contract, Deadline, Parsed, RequestContext
 from gateway.request.parsed import ClientDeadlines
@@ -233,14 +234,14 @@ def test_enforce_expiry_and_reschedule_at_response_start() -> None:
         # Not started: the start deadline (0.1 s) fires.
         t0 = loop.time()
         with pytest.raises(DeadlineExceeded) as exc:
-            async with deadlines.enforce(ctx, _noop_send):
+            async with release.timer(ctx, _noop_send):
                 await asyncio.sleep(5)
         first = loop.time() - t0
         assert exc.value.should_retry is None  # the client's own timeout: a fresh try may succeed
         # Started: the timer moves to the total deadline (0.6 s).
         t0 = loop.time()
         with pytest.raises(DeadlineExceeded) as exc:
-            async with deadlines.enforce(ctx, await started_send(ctx)) as send:
+            async with release.timer(ctx, await started_send(ctx)) as send:
                 await send({"type": "http.response.start", "status": 200, "headers": []})
                 await asyncio.sleep(5)
         assert exc.value.should_retry is False
@@ -259,7 +260,7 @@ def test_tighten_reschedules_a_running_timer() -> None:
         fixed(ctx, now + 30, "policy_default")
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded) as exc:
-            async with deadlines.enforce(ctx, _noop_send):
+            async with release.timer(ctx, _noop_send):
                 deadlines.tighten(ctx, time.monotonic() + 0.1, "session")
                 await asyncio.sleep(5)
         assert "session" in exc.value.message

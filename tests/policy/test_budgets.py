@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.errors import RateLimited
+from gateway.pipeline import release
 from gateway.policies.policyset import Policy, SessionSpec
 from gateway.policy.budgets import Budgets
 from gateway.request.context import Exchange, RequestContext
@@ -136,19 +137,19 @@ def test_session_tokens_settle_with_usage() -> None:
 
     async def run() -> list[int]:
         ctx = make_ctx(session="s1", policy=policy, prompt=10, output=20)
-        async with budgets.reserve(ctx):
+        async with release.reservation(budgets, ctx):
             ctx.exchange = Exchange(
                 sent_at=0.0,
                 status=200,
                 usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
             )
         cut = make_ctx(session="s1", policy=policy, prompt=10, output=20)
-        async with budgets.reserve(cut):
+        async with release.reservation(budgets, cut):
             cut.exchange = Exchange(
                 sent_at=0.0, status=200
             )  # stream cut before usage: the reservation is kept
         never = make_ctx(session="s1", policy=policy, prompt=10, output=20)
-        async with budgets.reserve(never):
+        async with release.reservation(budgets, never):
             pass  # never reached an engine: nothing is charged
         key = budgets._session_key(ctx, with_tenant=False)
         assert key is not None
@@ -163,10 +164,10 @@ def test_session_budget_refusal_is_429_without_retry() -> None:
 
     async def run() -> RateLimited:
         first = make_ctx(session="s", policy=policy, prompt=10, output=20)
-        async with budgets.reserve(first):
+        async with release.reservation(budgets, first):
             with pytest.raises(RateLimited) as exc:
-                async with budgets.reserve(
-                    make_ctx(session="s", policy=policy, prompt=10, output=20)
+                async with release.reservation(
+                    budgets, make_ctx(session="s", policy=policy, prompt=10, output=20)
                 ):
                     pass
         return exc.value
@@ -186,14 +187,14 @@ def test_session_duration_with_injected_clock() -> None:
     policy = session_policy(max_duration_s=100, idle_ttl_s=1000)
 
     async def run() -> None:
-        async with budgets.reserve(make_ctx(session="s", policy=policy)):
+        async with release.reservation(budgets, make_ctx(session="s", policy=policy)):
             pass
         wall.now += 99
-        async with budgets.reserve(make_ctx(session="s", policy=policy)):
+        async with release.reservation(budgets, make_ctx(session="s", policy=policy)):
             pass
         wall.now += 2
         with pytest.raises(RateLimited) as exc:
-            async with budgets.reserve(make_ctx(session="s", policy=policy)):
+            async with release.reservation(budgets, make_ctx(session="s", policy=policy)):
                 pass
         assert exc.value.reason == "session_duration"
         assert exc.value.code == "session_budget_exceeded"
@@ -206,15 +207,18 @@ def test_tenant_concurrency_released_on_every_path() -> None:
 
     async def run() -> None:
         a, b = make_ctx(tenant="t"), make_ctx(tenant="t")
-        async with budgets.reserve(a), budgets.reserve(b):
+        async with release.reservation(budgets, a), release.reservation(budgets, b):
             with pytest.raises(RateLimited) as exc:
-                async with budgets.reserve(make_ctx(tenant="t")):
+                async with release.reservation(budgets, make_ctx(tenant="t")):
                     pass
             assert exc.value.reason == "tenant_concurrency" and exc.value.retry_after == 1.0
         with pytest.raises(ValueError):
-            async with budgets.reserve(make_ctx(tenant="t")):
+            async with release.reservation(budgets, make_ctx(tenant="t")):
                 raise ValueError("boom")
-        async with budgets.reserve(make_ctx(tenant="t")), budgets.reserve(make_ctx(tenant="t")):
+        async with (
+            release.reservation(budgets, make_ctx(tenant="t")),
+            release.reservation(budgets, make_ctx(tenant="t")),
+        ):
             pass
 
     asyncio.run(run())
@@ -228,11 +232,11 @@ def test_tokens_per_minute_too_big_to_ever_fit_has_no_retry_after() -> None:
 
     async def run() -> tuple[RateLimited, RateLimited]:
         with pytest.raises(RateLimited) as huge:
-            async with budgets.reserve(make_ctx(tenant="t", prompt=90, output=20)):
+            async with release.reservation(budgets, make_ctx(tenant="t", prompt=90, output=20)):
                 pass
-        async with budgets.reserve(make_ctx(tenant="t", prompt=30, output=40)):
+        async with release.reservation(budgets, make_ctx(tenant="t", prompt=30, output=40)):
             with pytest.raises(RateLimited) as later:
-                async with budgets.reserve(make_ctx(tenant="t", prompt=10, output=30)):
+                async with release.reservation(budgets, make_ctx(tenant="t", prompt=10, output=30)):
                     pass
         return huge.value, later.value
 

@@ -14,6 +14,7 @@ from gateway.admission.demand import DemandEstimator
 from gateway.config.schema import AdmissionConfig, GatewayConfig
 from gateway.errors import BadRequest, RateLimited
 from gateway.ingress.protocol import parse_request
+from gateway.pipeline import release
 from gateway.policies.policyset import LimitsSpec, Policy, SessionSpec
 from gateway.policy.budgets import Budgets
 from gateway.policy.stage import _choices, _output_limit
@@ -76,13 +77,13 @@ def test_n_cannot_overshoot_a_session_budget() -> None:
 
     async def run() -> None:
         fits = make_ctx(session="s", policy=policy, prompt=100, output=200)  # 300
-        async with budgets.reserve(fits):
+        async with release.reservation(budgets, fits):
             fits.exchange = Exchange(sent_at=0.0, status=200)  # no usage: the whole 300 kept
         many = make_ctx(session="s", policy=policy, prompt=100, output=200)
         assert many.contract is not None
         many.contract.choices = 4  # 100 + 4 x 200 = 900 > 1000 - 300
         with pytest.raises(RateLimited) as exc:
-            async with budgets.reserve(many):
+            async with release.reservation(budgets, many):
                 pass
         assert exc.value.reason == "session_tokens"
 

@@ -1,10 +1,9 @@
-"""Settle: the last stage of every request, on every path.
+"""The request's record: the last step of every request, on every path.
 
-Leases and budget reservations are given back by their own `async with`
-blocks as the pipeline unwinds; what is left here is the record: the
-request's metrics (count and duration by task and outcome, time to first
-byte) and, when `access_log` is on, one access-log line (never the body,
-headers or session key; with `log_format: json` its fields are the JSON
+It releases nothing (that is `release.py`); it records the request's
+metrics (count and duration by task and outcome, time to first byte) and,
+when `access_log` is on, one access-log line (never the body, headers or
+session key; with `log_format: json` its fields are the JSON
 object's, see `access_fields`).
 """
 
@@ -21,12 +20,12 @@ from gateway.request.context import RequestContext
 log = logging.getLogger("gateway.access")
 
 
-class Settle:
+class Recorder:
     def __init__(self, metrics: GatewayMetrics, access_log: bool) -> None:
         self._metrics = metrics
         self._access_log = access_log
 
-    def settle(self, ctx: RequestContext) -> None:
+    def record(self, ctx: RequestContext) -> None:
         ctx.finished_at = time.monotonic()
         elapsed = ctx.finished_at - ctx.received_at
         m = self._metrics
