@@ -44,9 +44,14 @@ class EngineAdapter(Protocol):
         ...
 
     async def count_tokens(
-        self, post: EnginePost, endpoint: Literal["chat", "completions"], body: Mapping[str, Any]
+        self,
+        post: EnginePost,
+        endpoint: Literal["chat", "completions"],
+        body: Mapping[str, Any],
+        model: str | None,
     ) -> int:
-        """The prompt's exact token count (only when `counts_tokens`)."""
+        """The prompt's exact token count (only when `counts_tokens`), for `model`
+        (the name forwarded)."""
         ...
 
     def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
@@ -134,7 +139,11 @@ class GenericAdapter:
         return None
 
     async def count_tokens(
-        self, post: EnginePost, endpoint: Literal["chat", "completions"], body: Mapping[str, Any]
+        self,
+        post: EnginePost,
+        endpoint: Literal["chat", "completions"],
+        body: Mapping[str, Any],
+        model: str | None,
     ) -> int:
         raise NotImplementedError(f"{self.kind} does not count tokens")
 

@@ -103,7 +103,11 @@ class LlamaCppAdapter(GenericAdapter):
         return _SlotsReader()
 
     async def count_tokens(
-        self, post: EnginePost, endpoint: Literal["chat", "completions"], body: Mapping[str, Any]
+        self,
+        post: EnginePost,
+        endpoint: Literal["chat", "completions"],
+        body: Mapping[str, Any],
+        model: str | None,
     ) -> int:
         if endpoint == "chat":
             rendered = await post("/apply-template", {"messages": body["messages"]})

@@ -45,9 +45,13 @@ class VLLMAdapter(GenericAdapter):
         return _MetricsReader()
 
     async def count_tokens(
-        self, post: EnginePost, endpoint: Literal["chat", "completions"], body: Mapping[str, Any]
+        self,
+        post: EnginePost,
+        endpoint: Literal["chat", "completions"],
+        body: Mapping[str, Any],
+        model: str | None,
     ) -> int:
-        payload: dict[str, Any] = {"model": body.get("model")}
+        payload: dict[str, Any] = {"model": model}
         if endpoint == "chat":
             payload.update(messages=body["messages"], add_generation_prompt=True)
             if body.get("tools"):

@@ -91,22 +91,22 @@ class Forwarder:
     def upstream_body(
         self, ctx: RequestContext, upstream_stream: bool = False
     ) -> tuple[bytes, bool]:
-        """The body to send, and whether the gateway added `include_usage` itself."""
+        """The body to send, and whether the gateway added `include_usage` itself.
+
+        The one place the client's body is changed: the stages' typed edits
+        (forwarded model, cache isolation, pinned slot, output limit) are
+        applied to a copy, then spliced into the client's bytes when only keys
+        were added (`rawbody.spliced`)."""
         req = ctx.request
         assert req is not None
-        body = req.body
+        body = dict(req.body)
         injected = False
         if upstream_stream and not req.stream:
-            body = {**body, "stream": True}
+            body["stream"] = True
         if (req.stream or upstream_stream) and not req.client_wants_usage:
-            body = dict(body)
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             injected = True
-        if ctx.output_limit is not None:
-            body = dict(body)
-            (ctx.replica.engine if ctx.replica else GENERIC).set_output_limit(
-                body, ctx.output_limit
-            )
+        _apply_records(ctx, body)
         data = rawbody.spliced(req.raw, req.original, body)
         return (rawbody.encode(body) if data is None else data), injected
 
@@ -261,3 +261,18 @@ class Forwarder:
         exchange.usage = usage_from_body(body)
         await send(self._start_message(ctx, resp.content_type, [], len(body)))
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _apply_records(ctx: RequestContext, body: dict[str, Any]) -> None:
+    """The contract's and the routing's edits of the upstream body."""
+    contract, routing = ctx.contract, ctx.routing
+    if contract is not None and contract.model is not None:
+        body["model"] = contract.model
+    if contract is not None and contract.isolation is not None:
+        body.pop("cache_salt", None)
+        if contract.isolation.salt is not None:
+            body["cache_salt"] = contract.isolation.salt
+    if routing.pinned_field is not None and routing.pinned_slot is not None:
+        body[routing.pinned_field] = routing.pinned_slot
+    if ctx.output_limit is not None:
+        (ctx.replica.engine if ctx.replica else GENERIC).set_output_limit(body, ctx.output_limit)

@@ -1,9 +1,10 @@
 """The upstream body as the client's own bytes, when the gateway only added keys.
 
 Re-encoding a parsed body costs ~1 ms per 400 KB agent request (and loses
-the client's exact number formatting); the gateway's edits are almost
-always top-level keys the client did not send (a default `max_tokens`,
-`stream_options.include_usage`, a tenant `cache_salt`). Those are spliced in
+the client's exact number formatting); the gateway's edits (the stages'
+typed fields, applied by `Forwarder.upstream_body`) are almost always
+top-level keys the client did not send (a default `max_tokens`,
+`stream_options.include_usage`, a tenant `cache_salt`, an `id_slot`). Those are spliced in
 before the closing brace. Anything else (a changed or removed key, bytes
 that are not plain UTF-8 or repeat a key) is re-encoded from the parsed
 body.

@@ -42,7 +42,7 @@ from gateway.policy.tokens import (
     TokenCounter,
 )
 from gateway.replicas.registry import Replica, ReplicaRegistry
-from gateway.request.context import Contract, RequestContext
+from gateway.request.context import Contract, Isolation, RequestContext
 from gateway.request.parsed import ParsedRequest
 
 log = logging.getLogger("gateway.policy.stage")
@@ -167,14 +167,14 @@ class PolicyStage:
         contract = ctx.contract = Contract(policy)
         alias = active.policies.by_alias.get(req.model or "")
         if alias is not None and alias.model:
-            req.set_model(alias.model)
+            contract.model = alias.model
         if policy.isolation == "tenant":
-            _isolate(req, ctx.tenant, self._cfg.auth.isolation_secret)
-        replicas = serving_replicas(self._registry, req.model)
+            contract.isolation = _isolation(ctx.tenant, self._cfg.auth.isolation_secret)
+        replicas = serving_replicas(self._registry, ctx.model)
         counter = active.counters[policy.name]
         if req.size >= OFFLOAD_BYTES:
             _check_floor(contract, req, counter.floor(req), _max_model_len(replicas))
-        counted = counter.count_now(req, replicas)
+        counted = counter.count_now(req, replicas, ctx.model)
         if not isinstance(counted, TokenCount):
             return self._limit_when_counted(contract, req, replicas, counted)
         self._limit(contract, req, replicas, counted)
@@ -248,11 +248,10 @@ def tenant_salt(secret: str, tenant: str | None) -> str:
     return mac.hexdigest()[:32]
 
 
-def _isolate(req: ParsedRequest, tenant: str | None, secret: str) -> None:
-    """Replace any client salt by the tenant's; without auth (one tenant) just drop it."""
-    req.body.pop("cache_salt", None)
-    if tenant is not None and secret:
-        req.body["cache_salt"] = tenant_salt(secret, tenant)
+def _isolation(tenant: str | None, secret: str) -> Isolation:
+    """The tenant's salt in place of any the client sent; without auth (one
+    tenant) none."""
+    return Isolation(tenant_salt(secret, tenant) if tenant is not None and secret else None)
 
 
 def _input_param(req: ParsedRequest) -> str:

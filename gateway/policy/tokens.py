@@ -156,7 +156,12 @@ class TokenCount:
 
 
 class TokenCounter(Protocol):
-    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount: ...
+    async def count(
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
+    ) -> TokenCount:
+        """`model`: the name forwarded (the policy may map an alias), for an
+        engine that counts per model."""
+        ...
 
     def floor(self, req: ParsedRequest) -> int:
         """A lower bound of `count`, from the lengths of the prompt's texts
@@ -165,7 +170,7 @@ class TokenCounter(Protocol):
         ...
 
     def count_now(
-        self, req: ParsedRequest, replicas: Sequence[Replica]
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
     ) -> TokenCount | Awaitable[TokenCount]:
         """The count, when it needs no round trip (an estimate, a cached count);
         else an awaitable that gets it (a coroutine per request would cost
@@ -177,12 +182,14 @@ class EstimateCounter:
     def __init__(self, cache: LRU | None = None) -> None:
         self._cache = cache
 
-    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
-        counted = self.count_now(req, replicas)
+    async def count(
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
+    ) -> TokenCount:
+        counted = self.count_now(req, replicas, model)
         return counted if isinstance(counted, TokenCount) else await counted
 
     def count_now(
-        self, req: ParsedRequest, replicas: Sequence[Replica]
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
     ) -> TokenCount | Awaitable[TokenCount]:
         if req.size >= OFFLOAD_BYTES:
             return self._count_off_loop(req)
@@ -258,10 +265,10 @@ class EngineCounter:
         return -(-text_chars(req, assistant=False) // self._bytes_per_token)
 
     def count_now(
-        self, req: ParsedRequest, replicas: Sequence[Replica]
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
     ) -> TokenCount | Awaitable[TokenCount]:
         if req.size >= OFFLOAD_BYTES:
-            return self._count_large(req, replicas)
+            return self._count_large(req, replicas, model)
         key = prompt_key(req)
         cached = self.cache.get(key)
         if cached is not None:
@@ -269,13 +276,17 @@ class EngineCounter:
         replica = _tokenizing(replicas)
         if replica is None:
             return TokenCount(estimate_request(req, self._parts), "fallback")
-        return self._count_remote(req, key, replica)
+        return self._count_remote(req, key, replica, model)
 
-    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
-        counted = self.count_now(req, replicas)
+    async def count(
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
+    ) -> TokenCount:
+        counted = self.count_now(req, replicas, model)
         return counted if isinstance(counted, TokenCount) else await counted
 
-    async def _count_large(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
+    async def _count_large(
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None
+    ) -> TokenCount:
         key = await asyncio.to_thread(prompt_key, req)
         cached = self.cache.get(key)
         if cached is not None:
@@ -283,28 +294,30 @@ class EngineCounter:
         replica = _tokenizing(replicas)
         if replica is None:
             return await self._estimate_fallback(req)
-        return await self._count_remote(req, key, replica)
+        return await self._count_remote(req, key, replica, model)
 
     async def _estimate_fallback(self, req: ParsedRequest) -> TokenCount:
         counted = await self._estimate.count(req, ())
         return TokenCount(counted.tokens, "fallback")
 
-    async def _count_remote(self, req: ParsedRequest, key: str, replica: Replica) -> TokenCount:
+    async def _count_remote(
+        self, req: ParsedRequest, key: str, replica: Replica, model: str | None
+    ) -> TokenCount:
         try:
-            tokens = await self._ask(replica, req)
+            tokens = await self._ask(replica, req, model)
         except (GatewayError, ValueError, KeyError, TypeError) as exc:
             log.warning("tokenize on %s failed, using the estimate: %s", replica.name, exc)
             return await self._estimate_fallback(req)
         self.cache.put(key, tokens)
         return TokenCount(tokens, "engine")
 
-    async def _ask(self, replica: Replica, req: ParsedRequest) -> int:
+    async def _ask(self, replica: Replica, req: ParsedRequest, model: str | None) -> int:
         large = req.size >= OFFLOAD_BYTES
 
         async def post(path: str, payload: dict[str, Any]) -> Any:
             return await self._post(replica, path, payload, large)
 
-        return await replica.engine.count_tokens(post, req.endpoint, req.body)
+        return await replica.engine.count_tokens(post, req.endpoint, req.body, model or req.model)
 
     async def _post(self, replica: Replica, path: str, payload: dict[str, Any], large: bool) -> Any:
         data = await asyncio.to_thread(_dumps, payload) if large else _dumps(payload)
@@ -340,15 +353,17 @@ class LocalTokenizerCounter:
             ) from exc
         self._tok = Tokenizer.from_file(path)
 
-    async def count(self, req: ParsedRequest, replicas: Sequence[Replica]) -> TokenCount:
-        counted = self.count_now(req, replicas)
+    async def count(
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
+    ) -> TokenCount:
+        counted = self.count_now(req, replicas, model)
         return counted if isinstance(counted, TokenCount) else await counted
 
     def floor(self, req: ParsedRequest) -> int:
         return -(-text_chars(req) // self._bytes_per_token) + template_overhead(req)
 
     def count_now(
-        self, req: ParsedRequest, replicas: Sequence[Replica]
+        self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
     ) -> TokenCount | Awaitable[TokenCount]:
         if req.size >= OFFLOAD_BYTES:
             return asyncio.to_thread(self._count, req)

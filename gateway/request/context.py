@@ -6,9 +6,11 @@
      ├── response              the endpoint's tracked `send`: started, complete
      ├── tenant                auth (ingress.auth)
      ├── parsed: Parsed        ingress (ingress.stage): body, session key, deadline headers
-     ├── contract: Contract    policy (policy.stage): task policy, prompt tokens, output limit
+     ├── contract: Contract    policy (policy.stage): task policy, prompt tokens, output limit,
+     │                         forwarded model, cache isolation
      ├── deadline: Deadline    deadlines (deadlines.deadline): instant, source, timeouts, timer
-     ├── routing: Routing      scheduling (scheduling.router): prefix blocks, expected cache hits
+     ├── routing: Routing      scheduling (scheduling.router): prefix blocks, expected cache
+     │                         hits, pinned slot
      ├── admission: Admission  admission (admission.controller): queue and admit instants
      ├── progress, replica,    the pipeline's dispatch loop (pipeline.pipeline)
      │   attempts
@@ -49,6 +51,12 @@ class Parsed:
     client_deadlines: ClientDeadlines
 
 
+class Isolation(NamedTuple):
+    """The tenant's `cache_salt` (None: the client's salt is dropped, none is sent)."""
+
+    salt: str | None
+
+
 @dataclass(slots=True, eq=False)
 class Contract:
     """Policy: the task's policy and the limits it set for this request."""
@@ -56,6 +64,10 @@ class Contract:
     policy: Policy
     prompt_tokens: int | None = None
     output_limit: int | None = None
+    #: the model name forwarded when the policy maps an alias (None: the client's)
+    model: str | None = None
+    #: cache isolation: the `cache_salt` forwarded in place of any the client sent
+    isolation: Isolation | None = None
     #: the client's output request when the policy clamped it
     clamped_from: int | None = None
     #: sequences the engine generates (`n`, or vLLM's `best_of` when larger)
@@ -185,6 +197,25 @@ class RequestContext:
     def session_key(self) -> str | None:
         parsed = self.parsed
         return parsed.session_key if parsed is not None else None
+
+    @property
+    def model(self) -> str | None:
+        """The model name forwarded: the policy's alias target, else the client's."""
+        contract = self.contract
+        if contract is not None and contract.model is not None:
+            return contract.model
+        parsed = self.parsed
+        return parsed.request.model if parsed is not None else None
+
+    @property
+    def cache_salt(self) -> str | None:
+        """The `cache_salt` forwarded: the tenant's under isolation, else the client's."""
+        contract = self.contract
+        if contract is not None and contract.isolation is not None:
+            return contract.isolation.salt
+        parsed = self.parsed
+        salt = parsed.request.body.get("cache_salt") if parsed is not None else None
+        return salt if isinstance(salt, str) else None
 
     @property
     def task(self) -> str:

@@ -10,10 +10,11 @@ Endpoint = Literal["chat", "completions"]
 
 @dataclass(slots=True, eq=False)
 class ParsedRequest:
-    """A parsed request. Stages edit `body` at the top level only, by assigning
-    or removing keys (never by mutating a nested value in place): the forwarder
-    then sends the client's own bytes (`raw`), with added keys spliced in,
-    whenever no key the client sent was changed (`gateway.forward.rawbody`)."""
+    """A parsed request, as the client sent it: no stage edits `body`. What the
+    gateway changes upstream (model alias, cache salt, slot, output limit) is a
+    typed field of the owning stage's record, applied once by the forwarder
+    when it builds the upstream body, splicing added keys into the client's
+    own bytes (`raw`) when no key it sent changed (`gateway.forward.rawbody`)."""
 
     endpoint: Endpoint
     body: dict[str, Any]
@@ -30,10 +31,6 @@ class ParsedRequest:
     parts: list[str] | None = None
     #: length of the body in bytes: at least the number of characters of its text
     size: int = 0
-
-    def set_model(self, model: str) -> None:
-        self.model = model
-        self.body["model"] = model
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,9 @@ class Opening(NamedTuple):
     follow_up: bool
 
 
-def opening(req: ParsedRequest) -> Opening | None:
-    """The chat's opening; None for completions, or a chat without a user message."""
+def opening(req: ParsedRequest, seed: int | None = None) -> Opening | None:
+    """The chat's opening; None for completions, or a chat without a user message.
+    `seed`: of the model and cache salt forwarded (default: the client's)."""
     if req.endpoint != "chat":
         return None
     messages = req.body.get("messages")
@@ -56,8 +57,9 @@ def opening(req: ParsedRequest) -> Opening | None:
     )
     if first_user is None:
         return None
-    salt = req.body.get("cache_salt")
-    seed = seed_of(req.model, salt if isinstance(salt, str) else None)
+    if seed is None:
+        salt = req.body.get("cache_salt")
+        seed = seed_of(req.model, salt if isinstance(salt, str) else None)
     shared = _rendered_before(req, messages[:first_user])
     user = canonical_json(messages[first_user]).encode("utf-8", "surrogatepass")
     key = xxhash.xxh3_64_hexdigest(shared + b"\x00" + user, seed)

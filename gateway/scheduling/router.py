@@ -37,7 +37,7 @@ from gateway.scheduling.engine_view import capacity_tokens, engine_view, max_seq
 from gateway.scheduling.hashing import bounded_load_choice
 from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
 from gateway.scheduling.metrics import SchedulingMetrics
-from gateway.scheduling.prefix import PrefixIndex, prefix_blocks
+from gateway.scheduling.prefix import PrefixIndex, prefix_blocks, seed_of
 from gateway.scheduling.profile import Profile, WeightedScorer, named
 from gateway.scheduling.registry import REGISTRY
 from gateway.scheduling.slots import SlotPinner
@@ -228,14 +228,9 @@ class SchedulingRouter:
             return ctx.routing.prefix
         req = ctx.request
         assert req is not None
-        salt = req.body.get("cache_salt")
-        blocks = prefix_blocks(
-            prompt_parts(req),
-            req.model,
-            salt if isinstance(salt, str) else None,
-            self._cfg.block_bytes,
-        )
-        chat = opening(req)
+        model, salt = ctx.model, ctx.cache_salt
+        blocks = prefix_blocks(prompt_parts(req), model, salt, self._cfg.block_bytes)
+        chat = opening(req, seed_of(model, salt))
         if chat is not None:
             implicit = self._cfg.implicit_sessions and not ctx.session_key
             key = chat.key if implicit else None

@@ -32,14 +32,13 @@ class SlotPinner:
     def apply(
         self, ctx: RequestContext, replica: Replica, tracker: Tracker, key: str | None
     ) -> int | None:
-        """Set (or clear) the gateway's slot field in the body for the session
-        `key` (the client's or the implicit one); return the slot set."""
+        """Pin (or unpin) the session `key` (the client's or the implicit one)
+        to a slot of `replica` (`ctx.routing.pinned_slot`, which the forwarder
+        writes into the upstream body); return the slot pinned."""
         assert ctx.request is not None
         body = ctx.request.body
         routing = ctx.routing
-        if routing.pinned_slot is not None:
-            body.pop(routing.pinned_field or "", None)  # an earlier attempt elsewhere
-            routing.pinned_slot = routing.pinned_field = None
+        routing.pinned_slot = routing.pinned_field = None  # an earlier attempt elsewhere
         slot_field = replica.engine.slot_field
         if slot_field is None or not key or slot_field in body:
             return None
@@ -56,7 +55,6 @@ class SlotPinner:
         busy |= {i for i, b in enumerate(view.slots_busy or ()) if b}
         slot = self._choose(replica.name, key, count, busy)
         if slot is not None:
-            body[slot_field] = slot
             routing.pinned_slot, routing.pinned_field = slot, slot_field
         return slot
 

@@ -11,10 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config.schema import ReplicaConfig
+from gateway.config.schema import GatewayConfig, ReplicaConfig, UpstreamConfig
 from gateway.forward import rawbody
+from gateway.forward.forwarder import Forwarder
+from gateway.forward.upstream import UpstreamClient
 from gateway.http.serving import BackgroundServers, Listener, free_port
 from gateway.ingress.protocol import parse_request
+from gateway.request.context import Isolation
+from tests.ctxkit import make_ctx
 from tests.gwharness import RunningGateway, running_gateway
 from tests.upstreams import Script, scripted_app
 
@@ -153,3 +157,42 @@ def test_a_clamped_limit_is_re_encoded(gw_scripted: tuple[Script, RunningGateway
         assert json.loads(got)["max_tokens"] < 999999999
     else:
         assert r.status_code == 400 and not script.seen
+
+
+# --- the stages' typed edits, applied once by the forwarder ------------------------------
+
+
+def _forwarded(ctx: Any) -> tuple[bytes, dict[str, Any]]:
+    data, _ = Forwarder(GatewayConfig(), UpstreamClient(UpstreamConfig())).upstream_body(ctx)
+    return data, json.loads(data)
+
+
+def test_the_records_edit_the_upstream_body_and_not_the_clients() -> None:
+    ctx = make_ctx(body={"cache_salt": "client", "x": 1.50}, output=7)
+    assert ctx.contract is not None and ctx.request is not None
+    sent = dict(ctx.request.body)
+    ctx.contract.model = "real-model"
+    ctx.contract.isolation = Isolation("tenant-salt")
+    ctx.routing.pinned_slot, ctx.routing.pinned_field = 3, "id_slot"
+    _, body = _forwarded(ctx)
+    assert body["model"] == "real-model" and body["cache_salt"] == "tenant-salt"
+    assert body["id_slot"] == 3 and body["max_tokens"] == 7
+    assert ctx.request.body == sent  # the client's body as parsed, untouched
+    assert (ctx.model, ctx.cache_salt) == ("real-model", "tenant-salt")
+
+
+def test_added_keys_only_keep_the_clients_bytes() -> None:
+    ctx = make_ctx(body={"x": 1.50}, output=7)
+    ctx.routing.pinned_slot, ctx.routing.pinned_field = 0, "id_slot"
+    data, body = _forwarded(ctx)
+    assert ctx.request is not None and ctx.request.raw is not None
+    assert data.startswith(ctx.request.raw.rstrip()[:-1])  # spliced, not re-encoded
+    assert body["id_slot"] == 0
+
+
+def test_isolation_without_a_tenant_drops_the_clients_salt() -> None:
+    ctx = make_ctx(body={"cache_salt": "client"}, output=7)
+    assert ctx.contract is not None
+    ctx.contract.isolation = Isolation(None)
+    _, body = _forwarded(ctx)
+    assert "cache_salt" not in body and ctx.cache_salt is None

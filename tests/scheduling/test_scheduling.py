@@ -295,19 +295,20 @@ def test_llamacpp_slot_pinning() -> None:
     [replica] = replicas(1, kind="llamacpp")
     first = ctx_for("turn 1", "s-a")
     route(r, first, [replica])
-    assert first.request is not None and first.request.body["id_slot"] == 0
+    assert first.routing.pinned_slot == 0 and first.routing.pinned_field == "id_slot"
     other = ctx_for("other", "s-b")
     route(r, other, [replica])
-    assert other.request is not None and other.request.body["id_slot"] == 1
+    assert other.routing.pinned_slot == 1
     busy = ctx_for("turn 2", "s-a")  # slot 0 still busy with turn 1: engine chooses
     route(r, busy, [replica])
-    assert busy.request is not None and "id_slot" not in busy.request.body
+    assert busy.routing.pinned_slot is None
     first.finished_at = busy.finished_at = 1.0
     again = ctx_for("turn 3", "s-a")
     route(r, again, [replica])
-    assert again.request is not None and again.request.body["id_slot"] == 0
+    assert again.routing.pinned_slot == 0
     own = ctx_for("turn 4", "s-a", id_slot=1)
     route(r, own, [replica])
+    assert own.routing.pinned_slot is None  # the client's own id_slot stands
     assert own.request is not None and own.request.body["id_slot"] == 1
 
 
