@@ -151,6 +151,7 @@ class Gateway:
             await self.discovery.stop()
             await self.poller.stop()
             await self.health.stop()
+            await self.admission.close()
             try:
                 await self.store.close()
             finally:

@@ -161,6 +161,7 @@ LAYERS = (
     "http",
     "config",
     "observability",
+    "supervise",
     "sim",
     "engines",
     "state",

@@ -37,6 +37,7 @@ from typing import Any
 
 from gateway.admission.demand import DemandEstimator
 from gateway.admission.ledger import Demand, Lease, Limits, SharedLease, claims
+from gateway.admission.limits import replica_limits
 from gateway.admission.metrics import AdmissionMetrics
 from gateway.admission.queue import AdmissionQueue, Entry, QueueFull
 from gateway.config.schema import PRIORITY_CLASSES, AdmissionConfig
@@ -45,6 +46,7 @@ from gateway.replicas.livestate import ReplicaLive
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.request.context import RequestContext
 from gateway.state import MemoryStateStore, StateStore
+from gateway.supervise import Supervisor
 
 __all__ = ["AdmissionController", "Lease"]
 
@@ -69,7 +71,7 @@ class AdmissionController:
         self._cfg = cfg
         self._store: StateStore = store if store is not None else MemoryStateStore(clock)
         # An in-process store: the trackers below are the ledger (`gateway.admission.ledger`).
-        self._local = not getattr(self._store, "shared", True)
+        self._local = not self._store.shared
         self._clock = clock
         self.metrics = metrics
         self.estimator = DemandEstimator(cfg)
@@ -81,6 +83,7 @@ class AdmissionController:
             PRIORITY_CLASSES, cfg.queue_max_requests, cfg.queue_max_tokens, clock
         )
         self._pump_task: asyncio.Task[None] | None = None
+        self._tasks = Supervisor("admission")
         self._repump = False
         if metrics is not None:
             metrics.watch(
@@ -98,7 +101,10 @@ class AdmissionController:
         if not self._cfg.enabled:
             return replica.healthy
         return not isinstance(
-            self._limits(replica, self.estimator.demand(ctx, replica.name), self._class(ctx)), str
+            replica_limits(
+                self._cfg, replica, self.estimator.demand(ctx, replica.name), self._class(ctx)
+            ),
+            str,
         )
 
     def replica_added(self, replica: Replica) -> None:
@@ -263,13 +269,17 @@ class AdmissionController:
         total_rate = sum(s.prefill_tokens_per_s for s in states) or 1.0
         return own + self.queue.ahead_tokens(entry) / total_rate
 
+    async def close(self) -> None:
+        """Stop the dispatcher (at shutdown)."""
+        await self._tasks.stop()
+
     def kick(self) -> None:
         """Wake the dispatcher (lease released, fresh reading, new waiter)."""
         if self._pump_task is not None and not self._pump_task.done():
             self._repump = True
             return
         if len(self.queue):
-            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+            self._pump_task = self._tasks.spawn("pump", self._pump)
 
     async def _pump(self) -> None:
         """Admit waiters in queue order; stop at the first that cannot be placed."""
@@ -340,48 +350,9 @@ class AdmissionController:
                 demand = self.estimator.demand(ctx, replica.name)
             else:
                 demand = uncached
-            limits = self._limits(replica, demand, cls)
+            limits = replica_limits(self._cfg, replica, demand, cls)
             if not isinstance(limits, str):
                 yield replica, demand, limits
-
-    def _limits(self, replica: Replica, demand: Demand, cls: str) -> Limits | str:
-        """The reserve limits on `replica`, or why it cannot admit now."""
-        s = replica.live
-        if not replica.healthy or s is None or not s.healthy:
-            return "unhealthy"
-        if replica.draining or replica.leaving:
-            return "draining"
-        if s.capacity_tokens is None:
-            bounds = [
-                b
-                for b in (self._cfg.unknown_capacity_max_in_flight, s.max_in_flight)
-                if b is not None
-            ]
-            bound = min(bounds) if bounds else None
-            if bound is not None and s.in_flight + 1 > bound:
-                return "in_flight"
-            return Limits(None, None, bound)
-        if (
-            self._cfg.max_engine_waiting is not None
-            and s.engine_waiting is not None
-            and s.engine_waiting > self._cfg.max_engine_waiting
-        ):
-            return "engine_queue"
-        free = s.capacity_tokens - s.external_tokens
-        kv = int(self._cfg.watermark(cls) * s.capacity_tokens) - s.external_tokens
-        if demand.kv_tokens <= free:
-            kv = max(kv, demand.kv_tokens)  # an idle ledger takes any request that fits
-        prefill = max(
-            int(self._cfg.ttft_target(cls) * s.prefill_tokens_per_s), demand.prefill_tokens
-        )
-        limits = Limits(kv, prefill, s.max_in_flight)
-        if s.leased_tokens + demand.kv_tokens > kv:
-            return "kv"
-        if s.prefill_backlog_tokens + demand.prefill_tokens > prefill:
-            return "prefill"
-        if s.max_in_flight is not None and s.in_flight + 1 > s.max_in_flight:
-            return "in_flight"
-        return limits
 
     def _delta(self, lease: Lease, kv: int, prefill: int, in_flight: int) -> None:
         replica = lease.replica

@@ -175,13 +175,13 @@ class SharedLease(Lease):
             return True
         swapping = self._task is not None and not self._task.done()
         locked = self._lock_ is not None and self._lock_.locked()
-        release_now = getattr(self._store, "release_now", None)  # `LocalRelease`
-        if swapping or locked or release_now is None:
+        if swapping or locked:
+            return False
+        res = self._res
+        if res is not None and not self._store.release_now(res):
             return False
         self.closed = True
-        res, self._res = self._res, None
-        if res is not None:
-            release_now(res)
+        self._res = None
         self._give_back()
         return True
 

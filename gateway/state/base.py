@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol
 
 
 class Claim(NamedTuple):
@@ -65,12 +65,18 @@ class StoreUnavailable(Exception):
 
 
 class StateStore(Protocol):
-    """Counters with limits, atomic per operation.
+    """Counters with limits, atomic per operation."""
 
-    A store may declare `shared = False` (the in-process store): no other
-    gateway instance sees its counters, so a caller may keep a hot counter in
-    its own memory instead. A store without the attribute counts as shared.
-    """
+    @property
+    def shared(self) -> bool:
+        """Whether other gateway instances see the counters. Not shared (the
+        in-process store): a caller may keep a hot counter in its own memory."""
+        ...
+
+    def release_now(self, reservation: Reservation) -> bool:
+        """Release without suspending when the store can (True: done); False:
+        nothing done, use `release` (a shared store must be asked)."""
+        ...
 
     async def reserve(
         self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
@@ -133,11 +139,3 @@ class StateStore(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-@runtime_checkable
-class LocalRelease(Protocol):
-    """An in-process store can release without suspending: a lease closing on
-    the hot path then needs no task to shield its release from cancellation."""
-
-    def release_now(self, reservation: Reservation) -> None: ...

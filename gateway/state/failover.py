@@ -61,6 +61,9 @@ class FailoverStore:
     #: admission ledger reserves through the store on every lease.
     shared: ClassVar[bool] = True
 
+    def release_now(self, reservation: Reservation) -> bool:
+        return False  # the shared store must be asked (`release`)
+
     def __init__(
         self,
         primary: StateStore,

@@ -125,11 +125,12 @@ class MemoryStateStore:
     async def release(self, reservation: Reservation) -> None:
         self.release_now(reservation)
 
-    def release_now(self, reservation: Reservation) -> None:
+    def release_now(self, reservation: Reservation) -> bool:
         now = self._clock()
         self._sweep(now)
         self._finish(reservation.id, {}, now)
         self._compact()
+        return True
 
     async def renew(self, reservation: Reservation, ttl_s: float) -> bool:
         now = self._clock()
