@@ -95,9 +95,7 @@ class DemandEstimator:
         return Demand(prompt, output, max(0, prompt - min(cached, prompt)))
 
     def learn(self, ctx: RequestContext) -> None:
-        if not ctx.usage:
-            return
-        out = ctx.usage.get("completion_tokens")
-        if isinstance(out, int) and out >= 0:
+        out = ctx.usage.completion_tokens if ctx.usage is not None else None
+        if out is not None:
             # usage counts every sequence; the quantile is per sequence
             self.learner.record(ctx.task, -(-out // ctx.choices))

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, TypeVar
 
 from gateway.config.schema import GatewayConfig, TimeoutsConfig
@@ -29,7 +29,7 @@ from gateway.forward.reassemble import StreamAssembler
 from gateway.forward.sse import SSERelay, usage_from_body
 from gateway.forward.upstream import UpstreamClient, UpstreamResponse
 from gateway.replicas.registry import Replica
-from gateway.request.context import Exchange, RequestContext
+from gateway.request.context import Exchange, RequestContext, Usage
 from gateway.request.timer import phase
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -219,7 +219,7 @@ class Forwarder:
                 chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
             tail = relay.flush()
         finally:
-            exchange.usage = relay.usage
+            exchange.usage = _usage(relay.usage, ctx.replica)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _reassemble(
@@ -240,7 +240,7 @@ class Forwarder:
         while chunk:
             assembler.feed(chunk)
             chunk = await _timed(ctx, resp.read_chunk(), timeouts.idle_s, "data (idle gap)")
-        exchange.usage = assembler.usage
+        exchange.usage = _usage(assembler.usage, replica)
         if assembler.error is not None:
             body = json.dumps({"error": assembler.error}).encode()
             status = assembler.error.get("code")
@@ -258,7 +258,7 @@ class Forwarder:
                 ctx, resp.read_all(1 << 30), self._timeouts(ctx).idle_s, "body (idle gap)"
             )
         _first_byte(ctx, exchange, prefill_done=False)
-        exchange.usage = usage_from_body(body)
+        exchange.usage = _usage(usage_from_body(body), ctx.replica)
         await send(self._start_message(ctx, resp.content_type, [], len(body)))
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -276,3 +276,11 @@ def _apply_records(ctx: RequestContext, body: dict[str, Any]) -> None:
         body[routing.pinned_field] = routing.pinned_slot
     if ctx.output_limit is not None:
         (ctx.replica.engine if ctx.replica else GENERIC).set_output_limit(body, ctx.output_limit)
+
+
+def _usage(raw: Mapping[str, Any] | None, replica: Replica | None) -> Usage | None:
+    """The engine's `usage` as counts; its cache hits as its adapter reads them."""
+    if raw is None:
+        return None
+    engine = replica.engine if replica is not None else GENERIC
+    return Usage.of(raw, engine.cached_tokens(raw))

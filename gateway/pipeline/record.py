@@ -13,9 +13,8 @@ import logging
 import time
 from typing import Any
 
-from gateway.engines import GENERIC, EngineAdapter
 from gateway.observability.metrics import GatewayMetrics
-from gateway.request.context import RequestContext
+from gateway.request.context import RequestContext, Usage
 
 log = logging.getLogger("gateway.access")
 
@@ -35,22 +34,18 @@ class Recorder:
         if first_byte_at is not None:
             m.ttfb_by(ctx.task).observe(first_byte_at - ctx.received_at)
         usage = ctx.usage
-        if usage:
-            _count_tokens(m, ctx.task, usage, ctx.replica.engine if ctx.replica else GENERIC)
+        if usage is not None:
+            _count_tokens(m, ctx.task, usage)
         if self._access_log and log.isEnabledFor(logging.INFO):
             _access_line(ctx, elapsed)
 
 
-def _count_tokens(
-    m: GatewayMetrics, task: str, usage: dict[str, Any], engine: EngineAdapter
-) -> None:
-    cached = engine.cached_tokens(usage)
-    for direction, value in (
-        ("prompt", usage.get("prompt_tokens")),
-        ("completion", usage.get("completion_tokens")),
-        ("cached", cached),
+def _count_tokens(m: GatewayMetrics, task: str, usage: Usage) -> None:
+    for direction, n in (
+        ("prompt", usage.prompt_tokens),
+        ("completion", usage.completion_tokens),
+        ("cached", usage.cached_tokens),
     ):
-        n = _count(value)
         if n:
             m.tokens_by(task, direction).inc(n)
 
@@ -65,7 +60,7 @@ def access_fields(ctx: RequestContext, elapsed: float) -> dict[str, Any]:
     """The access line's fields (`log_format: json` emits them as they are).
     `outcome` is ok, error or cancelled; `reason` the error's reason (the
     `outcome` label of the request metrics)."""
-    usage = ctx.usage or {}
+    usage = ctx.usage or Usage()
     first_byte_at = ctx.first_byte_at
     failed = ctx.outcome not in ("ok", "cancelled")
     return {
@@ -81,14 +76,10 @@ def access_fields(ctx: RequestContext, elapsed: float) -> dict[str, Any]:
         "queue_ms": _ms(ctx.queue_seconds) if ctx.admission.admitted_at is not None else None,
         "ttfb_ms": None if first_byte_at is None else _ms(first_byte_at - ctx.received_at),
         "total_ms": _ms(elapsed),
-        "prompt_tokens": _count(usage.get("prompt_tokens")),
-        "completion_tokens": _count(usage.get("completion_tokens")),
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
     }
 
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

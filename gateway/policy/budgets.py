@@ -272,15 +272,11 @@ def _kept(rule: Rule, ctx: RequestContext, worst: int) -> int:
 
 
 def _tokens_used(ctx: RequestContext, worst: int) -> int:
-    usage = ctx.usage or {}
-    total = usage.get("total_tokens")
-    if not isinstance(total, int):
-        parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-        total = (
-            sum(p for p in parts if isinstance(p, int))
-            if any(isinstance(p, int) for p in parts)
-            else None
-        )
+    usage = ctx.usage
+    total = usage.total_tokens if usage is not None else None
+    if total is None and usage is not None:
+        parts = [p for p in (usage.prompt_tokens, usage.completion_tokens) if p is not None]
+        total = sum(parts) if parts else None
     if total is not None:
         return min(max(0, total), worst)
     return worst if ctx.upstream_status == 200 else 0

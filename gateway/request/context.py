@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from gateway.config.schema import TimeoutsConfig
 from gateway.policies.policyset import Policy
@@ -151,15 +151,45 @@ class Admission:
     on_first_byte: Callable[[], None] | None = None
 
 
+def _count(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """The engine's `usage`, as token counts (None: not reported, or not a count)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    #: prompt tokens served from the engine's prefix cache (its adapter reads them)
+    cached_tokens: int | None = None
+
+    @classmethod
+    def of(cls, usage: Mapping[str, Any], cached_tokens: int | None = None) -> Usage:
+        """From the engine's JSON object (values checked, not trusted)."""
+        return cls(
+            _count(usage.get("prompt_tokens")),
+            _count(usage.get("completion_tokens")),
+            _count(usage.get("total_tokens")),
+            _count(cached_tokens),
+        )
+
+
+ExchangePhase = Literal["waiting_first_byte", "streaming"]
+Progress = Literal["ingress", "routing", "queued"]
+
+
 @dataclass(slots=True, eq=False)
 class Exchange:
     """Forward: the current upstream exchange."""
 
     sent_at: float
-    phase: str = "waiting_first_byte"  # then "streaming"
+    phase: ExchangePhase = "waiting_first_byte"
     status: int | None = None
     first_byte_at: float | None = None
-    usage: dict[str, Any] | None = None
+    usage: Usage | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -178,8 +208,8 @@ class RequestContext:
     deadline: Deadline | None = None
     routing: Routing = field(default_factory=Routing)
     admission: Admission = field(default_factory=Admission)
-    #: where the dispatch loop is before an exchange starts: ingress | routing | queued
-    progress: str = "ingress"
+    #: where the dispatch loop is before an exchange starts
+    progress: Progress = "ingress"
     replica: Replica | None = None
     attempts: int = 0
     exchange: Exchange | None = None
@@ -250,7 +280,7 @@ class RequestContext:
         return exchange.phase if exchange is not None else self.progress
 
     @property
-    def usage(self) -> dict[str, Any] | None:
+    def usage(self) -> Usage | None:
         exchange = self.exchange
         return exchange.usage if exchange is not None else None
 

@@ -147,8 +147,13 @@ TestSharedLedger.settings = settings(max_examples=150, stateful_step_count=40, d
 class _RemoteStore:
     """A store without an in-process release (like Redis): closing must await."""
 
+    shared = True
+
     def __init__(self) -> None:
         self.inner = MemoryStateStore()
+
+    def release_now(self, reservation: Any) -> bool:
+        return False
 
     async def reserve(self, claims: Any, ttl_s: float) -> Any:
         return await self.inner.reserve(claims, ttl_s)

@@ -78,3 +78,15 @@ def test_usage_from_body_ignores_nested_and_escaped_mentions() -> None:
     assert usage_from_body(body) == {"prompt_tokens": 4, "total_tokens": 9}
     spaced = b'{"usage" :  {"prompt_tokens": 2, "total_tokens": 3}}'
     assert usage_from_body(spaced) == {"prompt_tokens": 2, "total_tokens": 3}
+
+
+def test_usage_is_counts_checked_at_the_boundary() -> None:
+    from gateway.forward.forwarder import _usage
+    from gateway.request.context import Usage
+
+    raw = {"prompt_tokens": 3, "completion_tokens": True, "total_tokens": -1}
+    assert Usage.of(raw, 2) == Usage(3, None, None, 2)
+    details = {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}}
+    found = _usage(details, None)
+    assert found is not None and (found.prompt_tokens, found.cached_tokens) == (9, 4)
+    assert _usage(None, None) is None

@@ -16,7 +16,7 @@ from gateway.errors import RateLimited
 from gateway.pipeline import release
 from gateway.policies.policyset import Policy, SessionSpec
 from gateway.policy.budgets import Budgets
-from gateway.request.context import Exchange, RequestContext
+from gateway.request.context import Exchange, RequestContext, Usage
 from gateway.sim.cluster import SimCluster
 from gateway.state import Claim, MemoryStateStore
 from tests import ctxkit
@@ -141,7 +141,7 @@ def test_session_tokens_settle_with_usage() -> None:
             ctx.exchange = Exchange(
                 sent_at=0.0,
                 status=200,
-                usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                usage=Usage(prompt_tokens=10, completion_tokens=5, total_tokens=15),
             )
         cut = make_ctx(session="s1", policy=policy, prompt=10, output=20)
         async with release.reservation(budgets, cut):
