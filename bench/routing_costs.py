@@ -64,7 +64,7 @@ def _rank_cost(raw: bytes) -> dict[str, float]:
     replicas = []
     for i in range(4):
         r = Replica(ReplicaConfig(url=f"http://127.0.0.1:{9000 + i}", name=f"r{i}", kind="vllm"))
-        r.healthy = True
+        r.health.healthy = True
         replicas.append(r)
 
     def ctx() -> RequestContext:

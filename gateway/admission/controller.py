@@ -112,14 +112,18 @@ class AdmissionController:
         tracker = self.trackers[replica.name] = ReplicaLive(
             self._cfg, replica.config.capacity_tokens
         )
-        replica.live = tracker.state
+        replica.ledger.live = tracker.state
 
     def replica_removed(self, replica: Replica) -> None:
         self.trackers.pop(replica.name, None)
         self.kick()
 
     def on_update(self, replica: Replica) -> None:
-        """A fresh reading (or a failed poll) for `replica`: re-evaluate the queue."""
+        """A fresh reading (or a failed poll) for `replica`: publish its state
+        (`Replica.live`), re-evaluate the queue."""
+        tracker = self.trackers.get(replica.name)
+        if tracker is not None:
+            replica.ledger.live = tracker.state
         self.kick()
 
     # --- acquire ------------------------------------------------------------
@@ -356,10 +360,10 @@ class AdmissionController:
 
     def _delta(self, lease: Lease, kv: int, prefill: int, in_flight: int) -> None:
         replica = lease.replica
-        replica.in_flight += in_flight
+        replica.ledger.in_flight += in_flight
         t = self.trackers.get(replica.name)
         if t is not None:  # (None: the replica left the set)
-            replica.live = t.ledger_changed(
+            replica.ledger.live = t.ledger_changed(
                 t.leased + kv, t.backlog + prefill, t.in_flight + in_flight, self._clock()
             )
         if kv < 0 or prefill < 0 or in_flight < 0:

@@ -58,24 +58,25 @@ class OutlierDetector:
     def record(self, replica: Replica, failed: bool | None) -> None:
         if failed is None or self._cfg.eject_after == 0:
             return
+        e = replica.ejection
         if not failed:
-            replica.exchange_failures = 0
-            replica.ejections = 0
+            e.exchange_failures = 0
+            e.ejections = 0
             return
-        replica.exchange_failures += 1
-        if replica.exchange_failures < self._cfg.eject_after:
+        e.exchange_failures += 1
+        if e.exchange_failures < self._cfg.eject_after:
             return
-        replica.ejections += 1
+        e.ejections += 1
         cfg = self._cfg
-        seconds = min(cfg.eject_max_s, cfg.eject_base_s * 2 ** (replica.ejections - 1))
-        replica.ejected_until = self._clock() + seconds
+        seconds = min(cfg.eject_max_s, cfg.eject_base_s * 2 ** (e.ejections - 1))
+        e.until = self._clock() + seconds
         # Back from ejection, one more failure is enough to eject it again.
-        replica.exchange_failures = cfg.eject_after - 1
+        e.exchange_failures = cfg.eject_after - 1
         log.warning(
             "replica %s ejected for %.1f s after failed exchanges (ejection %d)",
             replica.name,
             seconds,
-            replica.ejections,
+            e.ejections,
         )
         if self._on_eject is not None:
             self._on_eject(replica)

@@ -87,8 +87,7 @@ class LiveStatePoller:
                 log.warning("replica %s stopped answering live-state polls: %s", replica.name, exc)
         else:
             tracker.observe(reading, self._clock())
-        replica.live = tracker.state
-        self._on_update(replica)
+        self._on_update(replica)  # admission publishes the tracker's state (`Replica.live`)
 
     def _reader(self, replica: Replica) -> LiveReader | None:
         known = self._readers.get(replica.name)

@@ -25,86 +25,108 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gateway.config.schema import HealthConfig, ReplicaConfig
-from gateway.engines import GENERIC, EngineAdapter, adapter_for, detect_kind
+from gateway.engines import EngineAdapter, adapter_for, detect_kind
 from gateway.errors import GatewayError
 from gateway.replicas.livestate import LiveState
+from gateway.replicas.parts import Ejection, Found, Health, Ledger, Status
 from gateway.replicas.probe import ProbeClient, ReplicaGet
 from gateway.replicas.tasks import ReplicaTasks
 
 log = logging.getLogger("gateway.replicas.registry")
 
 
-@dataclass(eq=False)
 class Replica:
-    config: ReplicaConfig
-    kind: str = GENERIC.kind
-    healthy: bool = False
-    checked: bool = False
-    fail_streak: int = 0
-    ok_streak: int = 0
-    last_check: float | None = None
-    last_error: str | None = None
-    models: list[dict[str, Any]] = field(default_factory=list)
-    max_model_len: int | None = None
-    in_flight: int = 0
-    #: passive health (gateway/replicas/outliers.py): consecutive failed
-    #: exchanges, ejections in a row, and out of routing until (monotonic)
-    exchange_failures: int = 0
-    ejections: int = 0
-    ejected_until: float = 0.0
-    #: engine readings merged with the admission ledger (None until admission tracks it)
-    live: LiveState | None = None
-    #: no new requests (admin drain); those in flight finish
-    draining: bool = False
-    #: no new requests, removed once idle (its address vanished, or it was removed)
-    leaving: bool = False
-    # copies of config.name / config.url (read many times per request)
-    name: str = field(init=False)
-    url: str = field(init=False)
+    """One engine replica: its configuration and one part per owner
+    (`gateway/replicas/parts.py`); the properties read through the parts."""
 
-    def __post_init__(self) -> None:
-        self.name = self.config.name
-        self.url = self.config.url
-        self.kind = adapter_for(self.config.kind).kind
-        self.max_model_len = self.config.max_model_len
+    __slots__ = ("config", "ejection", "found", "health", "ledger", "name", "status", "url")
+
+    def __init__(self, config: ReplicaConfig) -> None:
+        self.config = config
+        # copies of config.name / config.url (read many times per request)
+        self.name = config.name
+        self.url = config.url
+        self.health = Health()
+        self.found = Found(adapter_for(config.kind).kind, config.max_model_len)
+        self.ledger = Ledger()
+        self.ejection = Ejection()
+        self.status = Status()
+
+    @property
+    def kind(self) -> str:
+        return self.found.kind
 
     @property
     def engine(self) -> EngineAdapter:
         """The adapter of the replica's engine kind (the generic one until detected)."""
-        return adapter_for(self.kind)
+        return adapter_for(self.found.kind)
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.healthy
+
+    @property
+    def models(self) -> list[dict[str, Any]]:
+        return self.found.models
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.found.max_model_len
+
+    @property
+    def in_flight(self) -> int:
+        return self.ledger.in_flight
+
+    @property
+    def live(self) -> LiveState | None:
+        return self.ledger.live
+
+    @property
+    def draining(self) -> bool:
+        return self.status.draining
+
+    @property
+    def leaving(self) -> bool:
+        return self.status.leaving
 
     def routable(self, now: float) -> bool:
         """Whether new requests may go here at `now` (monotonic): healthy, not
         draining nor leaving, not ejected for failing exchanges."""
-        return self.healthy and not self.draining and not self.leaving and self.ejected_until <= now
+        status = self.status
+        return (
+            self.health.healthy
+            and not status.draining
+            and not status.leaving
+            and self.ejection.until <= now
+        )
 
     def auth_headers(self) -> dict[str, str]:
         key = self.config.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def describe(self) -> dict[str, Any]:
+        h, live = self.health, self.ledger.live
         return {
             "name": self.name,
             "url": self.url,
             "kind": self.kind,
-            "healthy": self.healthy,
-            "checked": self.checked,
+            "healthy": h.healthy,
+            "checked": h.checked,
             "last_check_age_s": None
-            if self.last_check is None
-            else round(time.monotonic() - self.last_check, 3),
-            "last_error": self.last_error,
+            if h.last_check is None
+            else round(time.monotonic() - h.last_check, 3),
+            "last_error": h.last_error,
             "models": [m.get("id") for m in self.models],
             "max_model_len": self.max_model_len,
             "in_flight": self.in_flight,
             "draining": self.draining,
             "leaving": self.leaving,
-            "ejected_for_s": max(0.0, round(self.ejected_until - time.monotonic(), 3)),
-            "exchange_failures": self.exchange_failures,
-            "live": self.live.describe() if self.live is not None else None,
+            "ejected_for_s": max(0.0, round(self.ejection.until - time.monotonic(), 3)),
+            "exchange_failures": self.ejection.exchange_failures,
+            "live": live.describe() if live is not None else None,
         }
 
 
@@ -157,7 +179,7 @@ class ReplicaRegistry:
         replica = self._by_name.pop(name, None)
         if replica is None:
             return None
-        replica.leaving = True  # whoever still holds it (a queued request) skips it
+        replica.status.leaving = True  # whoever still holds it (a queued request) skips it
         self.replicas = [r for r in self.replicas if r is not replica]
         log.info("replica %s removed", name)
         for m in reversed(self._members):
@@ -176,8 +198,8 @@ class ReplicaRegistry:
 
     def _mark(self, name: str, flag: Literal["draining", "leaving"], on: bool) -> Replica | None:
         replica = self._by_name.get(name)
-        if replica is not None and getattr(replica, flag) != on:
-            setattr(replica, flag, on)
+        if replica is not None and getattr(replica.status, flag) != on:
+            setattr(replica.status, flag, on)
             log.warning("replica %s %s %s", name, "is" if on else "is no longer", flag)
             self.notify()
         return replica
@@ -238,22 +260,23 @@ class HealthMonitor:
 
     async def check(self, replica: Replica) -> None:
         ok, error = await self._probe(replica)
-        replica.last_check = time.monotonic()
-        replica.checked = True
-        replica.last_error = error
+        h = replica.health
+        h.last_check = time.monotonic()
+        h.checked = True
+        h.last_error = error
         if ok:
-            replica.ok_streak += 1
-            replica.fail_streak = 0
-            if not replica.healthy and replica.ok_streak >= self._cfg.healthy_after:
+            h.ok_streak += 1
+            h.fail_streak = 0
+            if not h.healthy and h.ok_streak >= self._cfg.healthy_after:
                 await self._discover(replica)
-                replica.healthy = True
+                h.healthy = True
                 log.info("replica %s is healthy (%s)", replica.name, replica.kind)
                 self._registry.notify()
         else:
-            replica.fail_streak += 1
-            replica.ok_streak = 0
-            if replica.healthy and replica.fail_streak >= self._cfg.unhealthy_after:
-                replica.healthy = False
+            h.fail_streak += 1
+            h.ok_streak = 0
+            if h.healthy and h.fail_streak >= self._cfg.unhealthy_after:
+                h.healthy = False
                 log.warning("replica %s is unhealthy: %s", replica.name, error)
                 self._registry.notify()
 
@@ -272,7 +295,7 @@ class HealthMonitor:
         get = ReplicaGet(self._client, replica.url, replica.auth_headers(), self._cfg.timeout_s)
         try:
             if replica.engine.generic:
-                replica.kind = await detect_kind(get)
+                replica.found.kind = await detect_kind(get)
         except GatewayError as exc:
             log.warning("cannot detect engine kind of %s: %s", replica.name, exc.message)
         await self._read_models(replica)
@@ -281,7 +304,7 @@ class HealthMonitor:
                 n_ctx = await replica.engine.context_length(get)
             except GatewayError:
                 n_ctx = None
-            replica.max_model_len = n_ctx or replica.max_model_len
+            replica.found.max_model_len = n_ctx or replica.found.max_model_len
 
     async def _read_models(self, replica: Replica) -> None:
         try:
@@ -295,9 +318,9 @@ class HealthMonitor:
         models = data.get("data") if isinstance(data, dict) else None
         if not isinstance(models, list):
             return
-        replica.models = [m for m in models if isinstance(m, dict)]
+        replica.found.models = [m for m in models if isinstance(m, dict)]
         if replica.config.max_model_len is None:
             lens = [m.get("max_model_len") for m in replica.models]
             found = [v for v in lens if isinstance(v, int) and v > 0]
             if found:
-                replica.max_model_len = min(found)
+                replica.found.max_model_len = min(found)

@@ -84,7 +84,7 @@ def setup(
         )
     )
     for r in registry:
-        r.healthy = True
+        r.health.healthy = True
     return AdmissionController(cfg or AdmissionConfig(max_engine_waiting=None), registry), list(
         registry
     )
@@ -205,11 +205,15 @@ async def test_fresh_metrics_wake_the_queue() -> None:
     ctl, reps = setup()
     r = reps[0]
     t = ctl.trackers[r.name]
-    r.live = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=9500), time.monotonic())
+    r.ledger.live = t.observe(
+        EngineReading(capacity_tokens=CAP, used_tokens=9500), time.monotonic()
+    )
     task = asyncio.get_running_loop().create_task(_acquire_once(ctl, reps, ctx(1000, 1000)))
     await settle()
     assert len(ctl.queue) == 1  # external traffic fills the engine
-    r.live = t.observe(EngineReading(capacity_tokens=CAP, used_tokens=1000), time.monotonic())
+    r.ledger.live = t.observe(
+        EngineReading(capacity_tokens=CAP, used_tokens=1000), time.monotonic()
+    )
     ctl.on_update(r)
     assert await asyncio.wait_for(task, 5) == "r0"
 
@@ -253,7 +257,7 @@ async def test_second_replica_takes_what_the_first_cannot() -> None:
 @sync
 async def test_disabled_admission_takes_first_healthy_and_counts() -> None:
     ctl, reps = setup(AdmissionConfig(enabled=False), caps=(100, 100))
-    reps[0].healthy = False
+    reps[0].health.healthy = False
     async with (
         release.lease(ctl, ctx(4000, 4000), reps) as a,
         release.lease(ctl, ctx(4000, 4000), reps) as b,

@@ -51,7 +51,7 @@ class LedgerMachine(RuleBasedStateMachine):
             )
         )
         for r in self.registry:
-            r.healthy = True
+            r.health.healthy = True
         self.ctl = AdmissionController(CFG, self.registry, self.store, clock=lambda: self.now)
         self.held: list[Lease] = []
 
@@ -89,7 +89,7 @@ class LedgerMachine(RuleBasedStateMachine):
         replica = self.registry.get(name)
         assert replica is not None
         t = self.ctl.trackers[name]
-        replica.live = t.observe(
+        replica.ledger.live = t.observe(
             EngineReading(capacity_tokens=CAP, used_tokens=int(frac * CAP)), self.now
         )
 

@@ -195,7 +195,7 @@ def test_connect_failure_after_health_is_502() -> None:
     quiet = HealthConfig(interval_s=300.0, eject_after=0)
     with running_gateway([ReplicaConfig(url=dead, kind="vllm")], health=quiet) as gw:
         replica = gw.gateway.registry.replicas[0]
-        replica.healthy = True  # as if it died right after its last good probe
+        replica.health.healthy = True  # as if it died right after its last good probe
         resp = httpx.post(
             gw.url + "/v1/chat/completions", json={"model": "m", "messages": MSG}, timeout=10
         )

@@ -33,7 +33,7 @@ def _setup() -> tuple[AdmissionController, list[Replica], Budgets, MemoryStateSt
         (ReplicaConfig(url="http://r0:1", name="r0", capacity_tokens=10_000),)
     )
     for r in registry:
-        r.healthy = True
+        r.health.healthy = True
     store = MemoryStateStore()
     ctl = AdmissionController(AdmissionConfig(max_engine_waiting=None), registry)
     return ctl, list(registry), Budgets(GatewayConfig(), store), store

@@ -101,7 +101,7 @@ def sims() -> Iterator[SimCluster]:
 
 def _replica(url: str, kind: str) -> Replica:
     r = Replica(ReplicaConfig(url=url, kind=kind))  # type: ignore[arg-type]
-    r.healthy = True
+    r.health.healthy = True
     return r
 
 

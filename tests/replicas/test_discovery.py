@@ -82,17 +82,17 @@ def test_addresses_join_unhealthy_leave_and_are_removed_once_idle() -> None:
         )
         assert registry.healthy() == []  # joins routing only after a health check
         for r in registry:
-            r.healthy = True
+            r.health.healthy = True
         assert len(registry.healthy()) == 2
 
         dns.addresses = ["10.0.0.2"]
-        one.in_flight = 1  # a request still running on it
+        one.ledger.in_flight = 1  # a request still running on it
         await disc.refresh(ENTRY)
         assert one.leaving and [r.name for r in registry.healthy()] == ["vllm-10.0.0.2:8000"]
         assert "vllm-10.0.0.1:8000" in _names(registry)  # kept while busy
         await disc.refresh(ENTRY)
         assert "vllm-10.0.0.1:8000" in _names(registry)
-        one.in_flight = 0
+        one.ledger.in_flight = 0
         await disc.refresh(ENTRY)
         assert _names(registry) == ["vllm-10.0.0.2:8000"]
         assert members.events == [
@@ -110,7 +110,7 @@ def test_an_address_back_before_removal_serves_again() -> None:
         registry, disc, members, _ = _setup(dns)
         await disc.refresh(ENTRY)
         (r,) = list(registry)
-        r.healthy, r.in_flight = True, 1
+        r.health.healthy, r.ledger.in_flight = True, 1
         dns.addresses = ["10.0.0.9"]
         await disc.refresh(ENTRY)
         assert r.leaving

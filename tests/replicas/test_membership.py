@@ -77,7 +77,7 @@ def test_a_draining_replica_is_out_of_routing_and_admission() -> None:
     async def scenario() -> None:
         registry = ReplicaRegistry((_config("a"), _config("b")))
         for r in registry:
-            r.healthy = True
+            r.health.healthy = True
         admission = AdmissionController(AdmissionConfig(max_engine_waiting=None), registry)
         a = registry.get("a")
         assert a is not None

@@ -51,21 +51,21 @@ def test_ejection_after_n_failures_with_a_growing_backoff() -> None:
     r = Replica(ReplicaConfig(url="http://127.0.0.1:1", name="r"))
     for _ in range(2):
         det.record(r, True)
-    assert r.ejected_until <= clock.now
+    assert r.ejection.until <= clock.now
     det.record(r, None)  # says nothing
     det.record(r, True)
-    assert r.ejected_until == clock.now + 10.0 and ejected == ["r"]
+    assert r.ejection.until == clock.now + 10.0 and ejected == ["r"]
     clock.now += 11
     det.record(r, True)  # back, and failing again: ejected at once, for longer
-    assert r.ejected_until == clock.now + 20.0
+    assert r.ejection.until == clock.now + 20.0
     clock.now += 21
     det.record(r, True)
-    assert r.ejected_until == clock.now + 25.0  # capped
+    assert r.ejection.until == clock.now + 25.0  # capped
     clock.now += 26
     det.record(r, False)  # it works again: forgiven
-    assert (r.exchange_failures, r.ejections) == (0, 0)
+    assert (r.ejection.exchange_failures, r.ejection.ejections) == (0, 0)
     det.record(r, True)
-    assert r.ejected_until < clock.now
+    assert r.ejection.until < clock.now
 
 
 def test_an_ejected_replica_is_out_of_routing_until_its_time_is_up() -> None:
@@ -76,11 +76,11 @@ def test_an_ejected_replica_is_out_of_routing_until_its_time_is_up() -> None:
         )
     )
     for r in reg:
-        r.healthy = True
+        r.health.healthy = True
     a = reg.replicas[0]
-    a.ejected_until = time.monotonic() + 30
+    a.ejection.until = time.monotonic() + 30
     assert [r.name for r in reg.healthy()] == ["b"]
-    a.ejected_until = time.monotonic() - 1
+    a.ejection.until = time.monotonic() - 1
     assert [r.name for r in reg.healthy()] == ["a", "b"]
 
 

@@ -53,9 +53,9 @@ def test_running_decodes_lose_an_otherwise_equal_race() -> None:
     """Same prefix everywhere (none), same queue: the replica streaming 12 long
     answers ranks last, the idle one first."""
     r, cands = router(), replicas(3)
-    cands[0].live = LiveState(engine_running=12, used_tokens=12 * 30_000)
-    cands[1].live = LiveState(engine_running=2, used_tokens=2 * 30_000)
-    cands[2].live = LiveState(engine_running=0, used_tokens=0)
+    cands[0].ledger.live = LiveState(engine_running=12, used_tokens=12 * 30_000)
+    cands[1].ledger.live = LiveState(engine_running=2, used_tokens=2 * 30_000)
+    cands[2].ledger.live = LiveState(engine_running=0, used_tokens=0)
     for i in range(5):
         ranked = r.rank(ctx_for(f"a fresh prompt {i} " * 100), cands).replicas
         assert [x.name for x in ranked] == ["r2", "r1", "r0"]
@@ -67,7 +67,7 @@ def test_decode_hot_spot_loses_affinity() -> None:
     r, cands = router(), replicas(3)
     base = SYSTEM + "history " * 2000  # completions: no session, only the hot guard acts
     owner = route(r, ctx_for_completion(base), [cands[0]])
-    owner.live = LiveState(
+    owner.ledger.live = LiveState(
         engine_running=60, used_tokens=60 * 25_000, capacity_tokens=10**7
     )  # d = 300 + 1200 > 1024
     assert isinstance(r, SchedulingRouter)
@@ -79,7 +79,9 @@ def test_decode_hot_spot_loses_affinity() -> None:
 def test_thresholds_are_configurable() -> None:
     r = router(hotspot=HotspotConfig(decode_tokens=10_000.0))  # d = 1500 stays below
     cands = replicas(3)
-    cands[0].live = LiveState(engine_running=60, used_tokens=60 * 25_000, capacity_tokens=10**7)
+    cands[0].ledger.live = LiveState(
+        engine_running=60, used_tokens=60 * 25_000, capacity_tokens=10**7
+    )
     assert isinstance(r, SchedulingRouter)
     assert r.cycle(ctx_for_completion("x " * 100), cands).hot == frozenset()
 
@@ -178,7 +180,7 @@ def test_short_chat_follows_its_first_turn_and_can_be_turned_off() -> None:
     first = route(r, ctx_for_messages(opening, "t1"), cands)
     for turn in range(2, 6):
         for x in cands:  # the first turn's replica is now the busiest
-            x.live = LiveState(engine_running=3 if x is first else 0)
+            x.ledger.live = LiveState(engine_running=3 if x is first else 0)
         follow = [*opening, {"role": "assistant", "content": "a"}, {"role": "user", "content": "?"}]
         assert route(r, ctx_for_messages(follow, f"t{turn}"), cands) is first
 

@@ -38,7 +38,7 @@ def replicas(n: int, kind: str = "vllm") -> list[Replica]:
     out = []
     for i in range(n):
         r = Replica(ReplicaConfig(url=f"http://127.0.0.1:{9000 + i}", name=f"r{i}", kind=kind))  # type: ignore[arg-type]
-        r.healthy = True
+        r.health.healthy = True
         out.append(r)
     return out
 
@@ -198,8 +198,8 @@ def test_scores_bounded_and_pick_is_a_filtered_candidate(
 ) -> None:
     cands = replicas(len(loads))
     for r, (inflight, healthy) in zip(cands, loads, strict=True):
-        r.in_flight = inflight
-        r.healthy = healthy
+        r.ledger.in_flight = inflight
+        r.health.healthy = healthy
     rt = router(policy)
     ctx = ctx_for(text or "x", session)
     ranking = rt.rank(ctx, cands)
@@ -233,7 +233,7 @@ def test_session_turns_follow_the_prefix_index() -> None:
     for turn in range(5):
         history += f" tool result {turn} " * 300
         for x in cands:
-            x.in_flight = 0
+            x.ledger.in_flight = 0
         assert route(r, ctx_for(history, None), cands) is first  # no session key: prefix alone
 
 
@@ -283,7 +283,7 @@ def test_baselines() -> None:
     rr = router("round-robin")
     assert [route(rr, ctx_for("x"), cands).name for _ in range(4)] == ["r0", "r1", "r2", "r0"]
     ll = router("least-load")
-    cands[0].in_flight, cands[1].in_flight, cands[2].in_flight = 3, 1, 2
+    cands[0].ledger.in_flight, cands[1].ledger.in_flight, cands[2].ledger.in_flight = 3, 1, 2
     assert ll.rank(ctx_for("x"), cands).replicas[0] is cands[1]
     sh = router("session-hash")
     picks = {sh.rank(ctx_for("x", "sess"), cands).replicas[0].name for _ in range(5)}
@@ -318,9 +318,9 @@ def test_one_fast_looking_replica_does_not_attract_all_work() -> None:
     from gateway.replicas.livestate import LiveState  # the admission stage's published state
 
     r, cands = router(), replicas(4)
-    cands[0].live = LiveState(prefill_backlog_tokens=100_000, prefill_tokens_per_s=160_000.0)
+    cands[0].ledger.live = LiveState(prefill_backlog_tokens=100_000, prefill_tokens_per_s=160_000.0)
     for other in cands[1:]:
-        other.live = LiveState(prefill_backlog_tokens=0, prefill_tokens_per_s=8000.0)
+        other.ledger.live = LiveState(prefill_backlog_tokens=0, prefill_tokens_per_s=8000.0)
     assert r.rank(ctx_for("a new prompt " * 2000), cands).replicas[0] is not cands[0]
 
 
@@ -329,7 +329,7 @@ def test_engine_state_is_read_through_the_adapter() -> None:
     from gateway.scheduling.engine_view import engine_view
 
     [rep] = replicas(1)
-    rep.live = LiveState(
+    rep.ledger.live = LiveState(
         capacity_tokens=1000,
         used_tokens=300,
         leased_tokens=500,
@@ -345,7 +345,7 @@ def test_engine_state_is_read_through_the_adapter() -> None:
         view.waiting,
         view.prefill_rate,
     ) == (1000, 500, 70, 3, 1234.0)
-    rep.live = None
+    rep.ledger.live = None
     assert engine_view(rep).backlog_tokens is None
 
 
@@ -374,7 +374,7 @@ def test_engine_view_keeps_known_values_and_says_unknown_otherwise(
     from gateway.scheduling.engine_view import capacity_tokens, engine_view
 
     replica = Replica(ReplicaConfig(url="http://127.0.0.1:1", capacity_tokens=config_cap))
-    live = replica.live = LiveState(
+    live = replica.ledger.live = LiveState(
         capacity_tokens=cap,
         used_tokens=used,
         leased_tokens=leased,
