@@ -361,7 +361,7 @@ def test_serve_help_offers_no_value_that_is_refused() -> None:
 
 def test_sim_help_lists_the_choices_of_flavor_and_scheduling_policy() -> None:
     text = _help("sim")
-    assert "--flavor {vllm,llamacpp}" in text
+    assert "--flavor {vllm,llamacpp,sglang}" in text
     assert "--scheduling-policy {fcfs,priority}" in text
 
 
