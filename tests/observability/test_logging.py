@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -101,6 +102,10 @@ def test_access_line_carries_its_fields_and_never_a_secret_or_the_body(
             extra_headers={"x-request-id": "req-json-1", "x-session-id": "sess-secret-77"},
         )
         assert resp.http_response.status_code == 200
+        # The line is written when the request ends, just after its last byte left.
+        deadline = time.monotonic() + 5.0
+        while "req-json-1" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
     text = out.getvalue()
     assert "req-json-1" in text  # the access line was captured
     for secret in (CLIENT_KEY, PROMPT, "31-41-59-26", "sess-secret-77", "Bearer"):
