@@ -98,9 +98,10 @@ def vllm_argv(python: Path, model_dir: Path, port: int, num_blocks: int, events:
     ]  # fmt: skip
 
 
-def vllm_env() -> dict[str, str]:
+def vllm_env(tmp_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HF_"))}
     env.update(
+        TMPDIR=str(tmp_dir),  # vLLM leaves a `vllm_dist_*` file there at every start
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_CPU_KVCACHE_SPACE="1",  # GiB; the block override then caps what is used
@@ -126,7 +127,7 @@ def spawn_vllm(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=vllm_env(),
+            env=vllm_env(log_dir),
             cwd=log_dir,
             start_new_session=True,  # its engine-core child goes with the group on stop
             preexec_fn=_die_with_parent if _PRCTL is not None else None,  # noqa: PLW1509
