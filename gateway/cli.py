@@ -16,7 +16,7 @@ from typing import Any, TypeAlias, get_args
 import yaml
 
 from gateway import __version__, buildinfo
-from gateway.config.decode import ConfigError
+from gateway.config.decode import ConfigError, replace_checked
 from gateway.config.discovery import EngineKind
 from gateway.config.schema import GatewayConfig, ReplicaConfig, effective_config
 from gateway.http.serving import (
@@ -228,15 +228,13 @@ def _load_config(path: str) -> GatewayConfig:
 def _serve_config(args: argparse.Namespace) -> GatewayConfig:
     cfg = _load_config(args.config) if args.config else GatewayConfig()
     listen = cfg.listen
-    try:
-        listen = dataclasses.replace(
-            listen,
-            host=args.host or listen.host,
-            port=listen.port if args.port is None else args.port,
-            admin_port=listen.admin_port if args.admin_port is None else args.admin_port,
-        )
-    except ValueError as exc:
-        raise ConfigError([f"listen: {exc}"]) from None
+    listen = replace_checked(  # a bad flag is reported as its key: `listen.port: ...`
+        listen,
+        "listen",
+        host=args.host or listen.host,
+        port=listen.port if args.port is None else args.port,
+        admin_port=listen.admin_port if args.admin_port is None else args.admin_port,
+    )
     replicas = cfg.replicas + tuple(args.replica)
     if not replicas and not cfg.discovery:
         raise ConfigError(

@@ -8,8 +8,11 @@ a bool. An int is accepted where a float is expected.
 
 `${NAME}` in a string is replaced by the environment variable NAME (an
 unset variable is an error naming both the key path and the variable).
-Dataclasses may validate further in `__post_init__` by raising `ValueError`;
-the message is reported under the object's path.
+A numeric field's declared range (`gateway.config.ranges`) is checked with
+its value, under its key path. Dataclasses may validate further in
+`__post_init__` by raising `ValueError` (the message is reported under the
+object's path, or the field's when it starts with the field's name); they
+are built even next to an unknown key, so every problem shows in one run.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from gateway.config.ranges import RangeError, range_of, value_problems
 
 T = TypeVar("T")
 
@@ -161,24 +166,47 @@ def _decode_dataclass(cls: type, value: Any, path: str, problems: list[str], env
         return None
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [
+        f"{_join(path, str(key))}: unknown key (known keys: {', '.join(sorted(fields))})"
+        for key in value
+        if key not in fields
+    ]
+    problems += unknown
     kwargs: dict[str, Any] = {}
     before = len(problems)
-    for key in value:
-        if key not in fields:
-            known = ", ".join(sorted(fields))
-            problems.append(f"{_join(path, str(key))}: unknown key (known keys: {known})")
     for name, f in fields.items():
         if name in value:
-            kwargs[name] = _decode_value(hints[name], value[name], _join(path, name), problems, env)
+            kwargs[name] = _decode_field(
+                f, hints[name], value[name], _join(path, name), problems, env
+            )
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             problems.append(f"{_join(path, name)}: required key is missing")
     if len(problems) > before:
         return None
+    # Built even next to an unknown key, so its own checks are reported in the same run.
     try:
-        return cls(**kwargs)
+        built = cls(**kwargs)
+    except RangeError as exc:
+        problems += [f"{_join(path, key)}: {message}" for key, message in exc.problems]
+        return None
     except (ValueError, TypeError) as exc:
         problems.append(_located(path, str(exc), fields))
         return None
+    return None if unknown else built
+
+
+def _decode_field(
+    f: dataclasses.Field[Any], tp: Any, value: Any, path: str, problems: list[str], env: Any
+) -> Any:
+    """One field's value, checked against the field's declared range (if any)."""
+    before = len(problems)
+    decoded = _decode_value(tp, value, path, problems, env)
+    bounds = range_of(f)
+    if bounds is not None and len(problems) == before:
+        problems += [
+            f"{path}{key[len(f.name) :]}: {m}" for key, m in value_problems(f.name, bounds, decoded)
+        ]
+    return decoded
 
 
 _LEADING_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?:: | (?=must |is ))(.*)", re.DOTALL)
@@ -197,6 +225,20 @@ def _located(path: str, message: str, fields: Mapping[str, Any]) -> str:
         if name in fields:
             return f"{_join(path, name)}: {rest}"
     return f"{path or '<root>'}: {message}"
+
+
+def replace_checked(obj: T, path: str, **changes: Any) -> T:
+    """`dataclasses.replace(obj, **changes)` (command-line flags over the file),
+    or ConfigError naming each bad key under `path`, as for the file."""
+    try:
+        return typing.cast(T, dataclasses.replace(typing.cast(Any, obj), **changes))
+    except RangeError as exc:
+        raise ConfigError(
+            [f"{_join(path, key)}: {message}" for key, message in exc.problems]
+        ) from None
+    except ValueError as exc:
+        fields = {f.name: f for f in dataclasses.fields(typing.cast(Any, obj))}
+        raise ConfigError([_located(path, str(exc), fields)]) from None
 
 
 def to_plain(obj: Any, mask: frozenset[str] = frozenset()) -> Any:

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.config.ranges import check_ranges, ranged
+
 EngineKind = Literal["auto", "vllm", "llamacpp", "sglang"]
 UpstreamStreaming = Literal["auto", "always", "never"]
 
@@ -21,18 +23,19 @@ class DiscoveryConfig:
 
     name: str
     host: str
-    port: int
+    port: int = ranged(ge=1, le=65535, what="a TCP port")
     scheme: Literal["http", "https"] = "http"
     kind: EngineKind = "auto"
     api_key: str = ""
-    interval_s: float = 10.0
-    resolve_timeout_s: float = 2.0
-    weight: float = 1.0
-    capacity_tokens: int | None = None
-    max_model_len: int | None = None
+    interval_s: float = ranged(10.0, gt=0)
+    resolve_timeout_s: float = ranged(2.0, gt=0)
+    weight: float = ranged(1.0, gt=0)
+    capacity_tokens: int | None = ranged(None, gt=0)
+    max_model_len: int | None = ranged(None, gt=0)
     upstream_streaming: UpstreamStreaming = "auto"
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if not _NAME.match(self.name):
             raise ValueError(
                 f"name must start with a letter or digit and hold only letters, digits, "
@@ -42,20 +45,11 @@ class DiscoveryConfig:
             raise ValueError(
                 f"host must be a DNS name (no scheme, port or path), got {self.host!r}"
             )
-        if not 0 < self.port <= 65535:
-            raise ValueError(f"port must be a TCP port (1-65535), got {self.port}")
-        for name in ("interval_s", "resolve_timeout_s", "weight"):
-            if not getattr(self, name) > 0:  # (also refuses NaN)
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.resolve_timeout_s > self.interval_s:
             raise ValueError(
-                f"resolve_timeout_s ({self.resolve_timeout_s}) must not exceed interval_s "
-                f"({self.interval_s})"
+                f"resolve_timeout_s must be <= interval_s ({self.interval_s}), "
+                f"got {self.resolve_timeout_s}"
             )
-        for name in ("capacity_tokens", "max_model_len"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
 
     def replica_name(self, address: str) -> str:
         return f"{self.name}-{_host(address)}:{self.port}"

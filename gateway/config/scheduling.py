@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.ranges import check_ranges, ranged
+
 BASELINES = ("round-robin", "least-load", "session-hash")
 
 DEFAULT_PROFILE = "default"
@@ -41,11 +43,10 @@ class ScorerRef:
     """A scorer used by a profile, with its weight (required: no silent default)."""
 
     plugin: str
-    weight: float
+    weight: float = ranged(ge=0)
 
     def __post_init__(self) -> None:
-        if not self.weight >= 0:
-            raise ValueError(f"weight must be >= 0, got {self.weight}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,27 +98,19 @@ class HotspotConfig:
     flight at least `in_flight` AND `in_flight_ratio` × the others' mean, or
     its KV use at least `kv_fraction` AND `kv_ratio` × the others' mean."""
 
-    backlog_tokens: int = 65536
-    backlog_ratio: float = 2.0
-    in_flight: int = 12
-    in_flight_ratio: float = 2.0
-    kv_fraction: float = 0.9
-    kv_ratio: float = 1.3
+    backlog_tokens: int = ranged(65536, ge=0)
+    backlog_ratio: float = ranged(2.0, ge=1)
+    in_flight: int = ranged(12, ge=0)
+    in_flight_ratio: float = ranged(2.0, ge=1)
+    kv_fraction: float = ranged(0.9, gt=0, le=1)
+    kv_ratio: float = ranged(1.3, ge=1)
     #: Decode work per engine step (`DecodeConfig`, prefill-token equivalents).
     #: Moving a session re-prefills its history, so only an extreme imbalance counts.
-    decode_tokens: float = 1024.0
-    decode_ratio: float = 3.0
+    decode_tokens: float = ranged(1024.0, ge=0)
+    decode_ratio: float = ranged(3.0, ge=1)
 
     def __post_init__(self) -> None:
-        if self.backlog_tokens < 0 or self.in_flight < 0 or self.decode_tokens < 0:
-            raise ValueError("backlog_tokens, in_flight and decode_tokens must be >= 0")
-        ratios = (self.backlog_ratio, self.kv_ratio, self.in_flight_ratio, self.decode_ratio)
-        if min(ratios) < 1:
-            raise ValueError(
-                "backlog_ratio, in_flight_ratio, kv_ratio and decode_ratio must be >= 1"
-            )
-        if not 0 < self.kv_fraction <= 1:
-            raise ValueError(f"kv_fraction must be in (0, 1], got {self.kv_fraction}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,46 +122,42 @@ class DecodeConfig:
     `--max-num-seqs`; a llama.cpp replica's slots come from the engine)."""
 
     #: vLLM `--max-num-batched-tokens`: tokens per engine step, decodes first.
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = ranged(8192, ge=1)
     #: vLLM `--max-num-seqs`: sequences running at once; beyond it a request waits.
-    max_num_seqs: int = 256
+    max_num_seqs: int = ranged(256, ge=1)
     #: Step time one decoding sequence adds (~0.3 ms next to 62.5 us per prefill token).
-    seq_cost_tokens: float = 5.0
+    seq_cost_tokens: float = ranged(5.0, ge=0)
     #: Step time per KV token a decoding sequence attends to (~50 ns on an
     #: H100-class GPU for an 8B model with GQA: 128 KiB of K and V per token).
-    kv_cost_tokens: float = 0.0008
+    kv_cost_tokens: float = ranged(0.0008, ge=0)
     #: A request's own output counted at most this many tokens (its decode
     #: joins the replica's running sequences for that long).
-    output_tokens: int = 256
+    output_tokens: int = ranged(256, ge=1)
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "output_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.seq_cost_tokens < 0 or self.kv_cost_tokens < 0:
-            raise ValueError("seq_cost_tokens and kv_cost_tokens must be >= 0")
+        check_ranges(self)
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulingConfig:
     policy: str = DEFAULT_PROFILE
     #: Prefix block size in bytes of the canonical prompt (~256 tokens of English).
-    block_bytes: int = 1024
+    block_bytes: int = ranged(1024, gt=0)
     #: Bytes per token, used when the policy stage has not counted the prompt.
-    chars_per_token: float = 4.0
+    chars_per_token: float = ranged(4.0, gt=0)
     #: Prefix index / session memory entries expire after this long.
-    index_ttl_s: float = 600.0
+    index_ttl_s: float = ranged(600.0, gt=0)
     #: KV capacity of a replica when neither the engine nor the replica config says.
-    default_capacity_tokens: int = 262144
+    default_capacity_tokens: int = ranged(262144, gt=0)
     #: Prefill rate (tokens/s) of a replica until the engine's is measured.
-    default_prefill_rate: float = 10000.0
+    default_prefill_rate: float = ranged(10000.0, gt=0)
     #: A replica's prefill rate counts at most this many times above/below the candidates' median.
-    max_rate_spread: float = 2.0
+    max_rate_spread: float = ranged(2.0, ge=1)
     #: Bounded-load hashing: a new session's replica holds at most this × the mean sessions.
-    session_load_factor: float = 1.15
-    max_sessions: int = 100000
+    session_load_factor: float = ranged(1.15, ge=1)
+    max_sessions: int = ranged(100000, gt=0)
     #: llama.cpp slots per replica when the engine state does not list them (None: no pinning).
-    llamacpp_slots: int | None = None
+    llamacpp_slots: int | None = ranged(None, ge=1)
     #: Chat requests without a session key: their first messages (up to the
     #: first user message) act as the session key, so a conversation's turns
     #: stay together even when its prompt is shorter than one prefix block.
@@ -179,32 +168,10 @@ class SchedulingConfig:
     profiles: tuple[ProfileSpec, ...] = ()
 
     def __post_init__(self) -> None:
-        problems = _check_scalars(self)
-        if problems:
-            raise ValueError("; ".join(problems))
+        check_ranges(self)
 
     def effective_plugins(self) -> tuple[PluginSpec, ...]:
         return self.plugins or BUILTIN_PLUGINS
 
     def effective_profiles(self) -> tuple[ProfileSpec, ...]:
         return self.profiles or BUILTIN_PROFILES
-
-
-def _check_scalars(cfg: SchedulingConfig) -> list[str]:
-    problems: list[str] = []
-    positive = {
-        "block_bytes": cfg.block_bytes,
-        "chars_per_token": cfg.chars_per_token,
-        "index_ttl_s": cfg.index_ttl_s,
-        "default_capacity_tokens": cfg.default_capacity_tokens,
-        "default_prefill_rate": cfg.default_prefill_rate,
-        "max_sessions": cfg.max_sessions,
-    }
-    problems += [f"{k}: must be > 0, got {v}" for k, v in positive.items() if not v > 0]
-    if cfg.max_rate_spread < 1:
-        problems.append(f"max_rate_spread: must be >= 1, got {cfg.max_rate_spread}")
-    if cfg.session_load_factor < 1:
-        problems.append(f"session_load_factor: must be >= 1, got {cfg.session_load_factor}")
-    if cfg.llamacpp_slots is not None and cfg.llamacpp_slots < 1:
-        problems.append(f"llamacpp_slots: must be >= 1, got {cfg.llamacpp_slots}")
-    return problems

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import SplitResult, parse_qs, urlsplit, urlunsplit
 
+from gateway.config.ranges import check_ranges, ranged
+
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -88,29 +90,25 @@ class RedisConfig:
     url: str = ""
     sentinel: SentinelConfig | None = None
     cluster: bool = False
-    pool_size: int = 32
-    connect_timeout_s: float = 0.5
-    command_timeout_s: float = 0.25
-    lease_ttl_s: float = 10.0
+    pool_size: int = ranged(32, ge=1)
+    connect_timeout_s: float = ranged(0.5, gt=0)
+    command_timeout_s: float = ranged(0.25, gt=0)
+    lease_ttl_s: float = ranged(10.0, gt=0)
     on_failure: Literal["open", "closed"] = "open"
-    probe_interval_s: float = 1.0
+    probe_interval_s: float = ranged(1.0, gt=0)
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.cluster and self.sentinel is not None:
             raise ValueError("cluster and sentinel exclude each other: give one")
         if not self.url and self.sentinel is None:
             raise ValueError("url is required (redis://, rediss:// or unix://), or sentinel")
         if self.url:
             _check_redis_url(self.url, sentinel=self.sentinel is not None, cluster=self.cluster)
-        if self.pool_size < 1:
-            raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
-        for name in ("connect_timeout_s", "command_timeout_s", "lease_ttl_s", "probe_interval_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.lease_ttl_s <= self.command_timeout_s:
             raise ValueError(
-                f"lease_ttl_s ({self.lease_ttl_s}) must be longer than command_timeout_s "
-                f"({self.command_timeout_s}), or leases expire before they can be renewed"
+                f"lease_ttl_s must be > command_timeout_s ({self.command_timeout_s}), got "
+                f"{self.lease_ttl_s} (else leases expire before they can be renewed)"
             )
 
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from gateway.config.decode import ConfigError, decode, to_plain
+from gateway.config.ranges import check_ranges, ranged
 from gateway.config.schema import PRIORITY_CLASSES, AuthConfig
+from gateway.config.yamlload import load_yaml_all
 
 DEFAULT_POLICY = "default"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
@@ -36,69 +36,55 @@ class MatchSpec:
 
 @dataclass(frozen=True, slots=True)
 class LimitsSpec:
-    max_input_tokens: int | None = None
-    max_output_tokens: int | None = None
-    default_output_tokens: int | None = None
+    max_input_tokens: int | None = ranged(None, ge=1)
+    max_output_tokens: int | None = ranged(None, ge=1)
+    default_output_tokens: int | None = ranged(None, ge=1)
     on_excess: Literal["reject", "clamp"] = "clamp"
     #: most sequences one request may ask for (`n`, `best_of`): each is reserved in full
-    max_n: int = 8
+    max_n: int = ranged(8, ge=1)
 
     def __post_init__(self) -> None:
-        for name in ("max_input_tokens", "max_output_tokens", "default_output_tokens", "max_n"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"limits.{name} must be >= 1, got {value}")
+        check_ranges(self)
         top, default = self.max_output_tokens, self.default_output_tokens
         if top is not None and default is not None and default > top:
             raise ValueError(
-                f"limits.default_output_tokens ({default}) exceeds max_output_tokens ({top})"
+                f"default_output_tokens must be <= max_output_tokens ({top}), got {default}"
             )
 
 
 @dataclass(frozen=True, slots=True)
 class DeadlineSpec:
-    default_s: float | None = None
-    max_s: float | None = None
+    default_s: float | None = ranged(None, gt=0)
+    max_s: float | None = ranged(None, gt=0)
 
     def __post_init__(self) -> None:
-        for name in ("default_s", "max_s"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"deadline.{name} must be > 0, got {value}")
+        check_ranges(self)
         if self.default_s is not None and self.max_s is not None and self.default_s > self.max_s:
-            raise ValueError(f"deadline.default_s ({self.default_s}) exceeds max_s ({self.max_s})")
+            raise ValueError(f"default_s must be <= max_s ({self.max_s}), got {self.default_s}")
 
 
 @dataclass(frozen=True, slots=True)
 class TimeoutsSpec:
     """Per-task overrides of the config's `timeouts` (read by gateway.deadlines.deadline)."""
 
-    connect_s: float | None = None
-    first_byte_s: float | None = None
-    idle_s: float | None = None
-    total_s: float | None = None
+    connect_s: float | None = ranged(None, gt=0)
+    first_byte_s: float | None = ranged(None, gt=0)
+    idle_s: float | None = ranged(None, gt=0)
+    total_s: float | None = ranged(None, gt=0)
 
     def __post_init__(self) -> None:
-        for name in ("connect_s", "first_byte_s", "idle_s", "total_s"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"timeouts.{name} must be > 0, got {value}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True, slots=True)
 class SessionSpec:
-    max_requests: int | None = None
-    max_total_tokens: int | None = None
-    max_duration_s: float | None = None
-    idle_ttl_s: float = 1800.0
+    max_requests: int | None = ranged(None, gt=0)
+    max_total_tokens: int | None = ranged(None, gt=0)
+    max_duration_s: float | None = ranged(None, gt=0)
+    idle_ttl_s: float = ranged(1800.0, gt=0)
 
     def __post_init__(self) -> None:
-        for name in ("max_requests", "max_total_tokens", "max_duration_s"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"session.{name} must be > 0, got {value}")
-        if self.idle_ttl_s <= 0:
-            raise ValueError(f"session.idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+        check_ranges(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,16 +241,23 @@ def load_policy_set(directory: str | None, auth: AuthConfig | None = None) -> Po
                 continue
             sources.setdefault(p.name, f"{path.name}")
             policies.append(p)
-    if problems:
+    if problems:  # the set's own checks too, over the policies that decoded
+        try:
+            build_policy_set(policies, sources, auth)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
         raise ConfigError(problems)
     return build_policy_set(policies, sources, auth)
 
 
 def _documents(path: Path, problems: list[str]) -> list[tuple[str, Any]]:
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
-        problems.append(f"{path.name}: cannot load: {exc}")
+        docs = [d for d in load_yaml_all(path.read_text(), path.name) if d is not None]
+    except OSError as exc:
+        problems.append(f"{path.name}: cannot load: {exc.strerror}")
+        return []
+    except ConfigError as exc:
+        problems.extend(exc.problems)
         return []
     out: list[tuple[str, Any]] = []
     for i, doc in enumerate(docs):

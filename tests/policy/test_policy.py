@@ -77,7 +77,7 @@ def test_strict_schema_errors_name_file_and_key(tmp_path: Path) -> None:
     )
     found = "\n".join(problems(tmp_path))
     assert "a.yaml.limits.max_output: unknown key" in found
-    assert "default_output_tokens (20) exceeds max_output_tokens (10)" in found
+    assert "b.yaml.limits.default_output_tokens: must be <= max_output_tokens (10), got 20" in found
     assert "priority 'urgent' is not an admission class" in found
     assert "d.yaml[0.0].tokens: must be one of" in found
     assert "match.models (aliases) needs `model`" in found
