@@ -100,6 +100,16 @@ class BadRequest(GatewayError):
     reason = "bad_request"
 
 
+class UnsupportedTransferCoding(GatewayError):
+    """A request body in a transfer coding the server does not implement (`gzip`)."""
+
+    status = 501
+    type = "invalid_request_error"
+    code = "unsupported_transfer_coding"
+    reason = "unsupported_transfer_coding"
+    should_retry = False
+
+
 class InvalidJSON(BadRequest):
     code = "invalid_json"
     reason = "invalid_json"
@@ -315,6 +325,7 @@ _SERVER_ERRORS: dict[int, type[GatewayError]] = {
     404: NotFound,
     413: PayloadTooLarge,
     431: HeadersTooLarge,
+    501: UnsupportedTransferCoding,
     503: Overloaded,
 }
 

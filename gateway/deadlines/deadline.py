@@ -81,10 +81,11 @@ def resolve(ctx: RequestContext, cfg: GatewayConfig, mono: Clock = time.monotoni
         if client.client_timeout_s < base.idle_s:
             base = _idle_capped(base, client.client_timeout_s)
     ctx.deadline = Deadline(when, source, base, start_at)
-    if when - mono() < MIN_REMAINING_S:
+    now = mono()
+    if when - now < MIN_REMAINING_S or (start_at is not None and start_at - now < MIN_REMAINING_S):
         # Already past (or as good as): never forwarded, never queued; the same
         # request with the same headers would fail the same way.
-        err = deadline_error(ctx, source)
+        err = deadline_error(ctx, timer_deadline(ctx)[1])
         err.should_retry = False
         raise err
     return ctx.deadline

@@ -136,7 +136,7 @@ class Forwarder:
         timeouts = self._timeouts(ctx)
         reuse = adapter.reuse_after_stream or not upstream_stream
         post = self._client.post(
-            url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse
+            url, self.upstream_headers(ctx, replica), data, timeouts.connect_s, reuse, replica.name
         )
         head_timeout = timeouts.first_byte_s if upstream_stream else timeouts.total_s
         async with contextlib.AsyncExitStack() as stack:

@@ -18,10 +18,12 @@ anything once the request may have been read → `UpstreamUnavailable`
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
+from urllib.parse import urlsplit
 
 from gateway.config.schema import UpstreamConfig
 from gateway.errors import UpstreamNeverReached, UpstreamStaleConnection, UpstreamUnavailable
@@ -34,6 +36,8 @@ from gateway.http.client import (
     StaleConnection,
     encode_request,
 )
+
+log = logging.getLogger(__name__)
 
 _MAX_SMALL_BODY = 8 * 1024 * 1024
 
@@ -48,10 +52,10 @@ class SmallResponse:
 class UpstreamResponse:
     """A live upstream response; read with `read_chunk` / `read_all`."""
 
-    __slots__ = ("_resp",)
+    __slots__ = ("_name", "_resp")
 
-    def __init__(self, resp: Response) -> None:
-        self._resp = resp
+    def __init__(self, resp: Response, name: str = "") -> None:
+        self._resp, self._name = resp, name
 
     @property
     def status(self) -> int:
@@ -66,7 +70,10 @@ class UpstreamResponse:
         try:
             return await self._resp.read_chunk()
         except HTTPClientError as exc:
-            raise UpstreamUnavailable(f"upstream connection broke mid-response: {exc}") from exc
+            log.warning("replica %s: upstream connection broke mid-response: %s", self._name, exc)
+            raise UpstreamUnavailable(
+                f"replica {self._name} broke the connection mid-response"
+            ) from exc
 
     def complete_body(self) -> bytes | None:
         """The whole body when it has already arrived (nothing to wait for), else None."""
@@ -83,16 +90,22 @@ class UpstreamResponse:
         return b"".join(parts)
 
 
-def _translate(url: str, exc: HTTPClientError) -> UpstreamUnavailable:
+def _translate(replica: str, exc: HTTPClientError) -> UpstreamUnavailable:
+    """The client-facing error names the replica, never its address (the
+    cause, with the address, stays chained and is logged by the caller)."""
     if isinstance(exc, StaleConnection):
-        return UpstreamStaleConnection(f"upstream {url} closed the connection: {exc}")
+        return UpstreamStaleConnection(f"replica {replica} closed the kept-alive connection")
     if isinstance(exc, ConnectFailed):
-        return UpstreamNeverReached(f"cannot connect to upstream {url}: {exc}")
-    return UpstreamUnavailable(f"upstream {url} failed before answering: {exc}")
+        return UpstreamNeverReached(f"cannot connect to replica {replica}")
+    return UpstreamUnavailable(f"replica {replica} failed before answering")
+
+
+def _netloc(url: str) -> str:
+    return urlsplit(url).netloc
 
 
 class _Post(AbstractAsyncContextManager[UpstreamResponse]):
-    __slots__ = ("_data", "_headers", "_pool", "_resp", "_reuse", "_timeout", "_url")
+    __slots__ = ("_data", "_headers", "_name", "_pool", "_resp", "_reuse", "_timeout", "_url")
 
     def __init__(
         self,
@@ -102,9 +115,10 @@ class _Post(AbstractAsyncContextManager[UpstreamResponse]):
         data: bytes,
         timeout: float,
         reuse: bool,
+        name: str,
     ) -> None:
         self._pool, self._url, self._headers, self._data = pool, url, headers, data
-        self._timeout, self._reuse = timeout, reuse
+        self._timeout, self._reuse, self._name = timeout, reuse, name
         self._resp: Response | None = None
 
     async def __aenter__(self) -> UpstreamResponse:
@@ -113,9 +127,11 @@ class _Post(AbstractAsyncContextManager[UpstreamResponse]):
                 "POST", self._url, self._headers, self._data, self._timeout
             )
         except HTTPClientError as exc:
-            raise _translate(self._url, exc) from exc
+            level = logging.DEBUG if isinstance(exc, StaleConnection) else logging.WARNING
+            log.log(level, "replica %s: upstream exchange failed: %s", self._name, exc)
+            raise _translate(self._name, exc) from exc
         self._resp = resp
-        return UpstreamResponse(resp)
+        return UpstreamResponse(resp, self._name)
 
     async def __aexit__(
         self,
@@ -157,12 +173,14 @@ class UpstreamClient:
         data: bytes,
         connect_timeout: float,
         reuse: bool = True,
+        name: str = "",
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
         """POST and yield the response once headers arrive; closes the connection
         (the abort primitive for both engines) unless the body was fully read.
         `reuse=False` never returns the connection to the pool (llama.cpp closes
-        its side after every streamed response while still advertising keep-alive)."""
-        return _Post(self.pool, url, headers, data, connect_timeout, reuse)
+        its side after every streamed response while still advertising keep-alive).
+        Errors name the replica `name` (default: the URL's host:port)."""
+        return _Post(self.pool, url, headers, data, connect_timeout, reuse, name or _netloc(url))
 
     async def get(
         self, url: str, timeout: float, headers: Mapping[str, str] | None = None
@@ -197,12 +215,12 @@ class UpstreamClient:
                 raise UpstreamNeverReached(f"cannot connect to {url}: {exc}") from exc
             try:
                 async with asyncio.timeout_at(deadline):
-                    return await _exchange(pool, conn, payload)
+                    return await _exchange(pool, conn, payload, _netloc(url))
             except StaleConnection as exc:
                 if attempt:
-                    raise _translate(url, exc) from exc
+                    raise _translate(_netloc(url), exc) from exc
             except HTTPClientError as exc:
-                raise _translate(url, exc) from exc
+                raise _translate(_netloc(url), exc) from exc
             except TimeoutError as exc:
                 raise UpstreamUnavailable(
                     f"{method} {url} failed: no answer within {timeout:g} s"
@@ -210,10 +228,10 @@ class UpstreamClient:
         raise AssertionError("unreachable")
 
 
-async def _exchange(pool: Pool, conn: Conn, payload: bytes) -> SmallResponse:
+async def _exchange(pool: Pool, conn: Conn, payload: bytes, name: str) -> SmallResponse:
     resp = await pool.send(conn, payload)
     try:
-        body = await UpstreamResponse(resp).read_all(_MAX_SMALL_BODY)
+        body = await UpstreamResponse(resp, name).read_all(_MAX_SMALL_BODY)
         return SmallResponse(resp.status, body, resp.header(b"content-type") or "")
     finally:
         resp.release(True)

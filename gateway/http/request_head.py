@@ -12,7 +12,10 @@ and the connection closed:
   parser would take upgraded bytes for its body); one without a body is
   served as plain HTTP/1.1 (a server may ignore `Upgrade`, RFC 9110 §7.8)
   and the connection closes after it;
-- a request target that does not parse: `400`.
+- a request target that does not parse: `400`;
+- a `Transfer-Encoding` with any coding but `chunked` (`gzip, chunked`):
+  `501` (RFC 9112 §6.1: the server does not understand it, and must not
+  pass the body on as if it were plain).
 """
 
 from __future__ import annotations
@@ -73,6 +76,21 @@ def _check_upgrade(method: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         raise Reject(400, "An Upgrade request with a body is not supported.", "upgrade_with_body")
 
 
+def _check_transfer_codings(headers: list[tuple[bytes, bytes]]) -> None:
+    for name, value in headers:
+        if name != b"transfer-encoding":
+            continue
+        for coding in value.split(b","):
+            coding = coding.strip().lower()
+            if coding != b"chunked":
+                shown = coding[:32].decode("latin-1")
+                raise Reject(
+                    501,
+                    f"Transfer coding {shown!r} is not supported (only chunked).",
+                    "unsupported_transfer_coding",
+                )
+
+
 def _split_target(url: bytes) -> tuple[bytes, bytes]:
     """`(raw_path, query)` of a request target."""
     if url[:1] == b"/" and b"#" not in url:
@@ -100,6 +118,7 @@ def request_scope(
     connection may be kept alive after it; raises `Reject`."""
     version = parser.get_http_version()
     _check_host(hosts, version)
+    _check_transfer_codings(headers)
     method_b = parser.get_method()
     keep_alive = parser.should_keep_alive()
     if parser.should_upgrade():

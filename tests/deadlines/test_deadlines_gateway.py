@@ -190,7 +190,13 @@ def test_openai_sdk_client_timeout_is_honoured(
 
 @pytest.mark.parametrize(
     ("header", "value"),
-    [("x-request-deadline", "1"), ("x-request-timeout", "1e-9"), ("x-request-deadline", "past")],
+    [
+        ("x-request-deadline", "1"),
+        ("x-request-timeout", "1e-9"),
+        ("x-request-deadline", "past"),
+        ("x-stainless-timeout", "0.001"),
+        ("x-stainless-read-timeout", "1e-9"),
+    ],
 )
 def test_a_deadline_already_past_never_reaches_the_engine(
     fresh: tuple[Sims, RunningGateway], header: str, value: str

@@ -112,13 +112,23 @@ def _reference_parts(body: dict[str, object]) -> list[str]:
     return out
 
 
+_untyped_key = st.text(max_size=4).filter(lambda k: k not in ("type", "function", "id"))
+# Well-typed parts (wrong types are refused at parse: tests/ingress/test_fields.py)
 _parts = st.lists(
-    st.dictionaries(
-        st.sampled_from(["type", "text", "image_url"]),
-        st.text(max_size=5) | st.integers(),
-        max_size=3,
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=5)})
+    | st.fixed_dictionaries(
+        {
+            "type": st.just("image_url"),
+            "image_url": st.fixed_dictionaries({"url": st.text(max_size=5)}),
+        }
     )
-    | st.integers(),
+    | st.fixed_dictionaries(
+        {"type": st.sampled_from(["input_text", "x"])},
+        optional={"text": st.text(max_size=5) | st.integers(), "data": st.integers()},
+    )
+    | st.dictionaries(
+        st.sampled_from(["text", "image_url"]), st.text(max_size=5) | st.integers(), max_size=2
+    ),
     max_size=3,
 )
 _messages = st.lists(
@@ -127,7 +137,7 @@ _messages = st.lists(
         optional={
             "content": st.none() | st.text(max_size=10) | _parts,
             "tool_calls": st.none()
-            | st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=4)), max_size=2),
+            | st.lists(st.dictionaries(_untyped_key, st.text(max_size=4)), max_size=2),
         },
     ),
     min_size=1,
@@ -138,7 +148,7 @@ _messages = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(
     messages=_messages,
-    tools=st.none() | st.lists(st.dictionaries(st.text(max_size=4), st.integers()), max_size=2),
+    tools=st.none() | st.lists(st.dictionaries(_untyped_key, st.integers()), max_size=2),
 )
 def test_prompt_parts_follow_the_canonical_order(
     messages: list[dict[str, object]], tools: object
