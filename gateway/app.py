@@ -122,7 +122,8 @@ class Gateway:
                 # gives that time to answer: the server waits a little longer
                 graceful_timeout=lc.graceful_timeout_s + _ANSWER_MARGIN_S,
             ),
-            Listener(self.admin_app, lc.admin_host, lc.admin_port),
+            # `/metrics` stays scrapeable (and `/readyz` says 503) until the drain is done
+            Listener(self.admin_app, lc.admin_host, lc.admin_port, stop_last=True),
         ]
 
     async def drain(self) -> None:

@@ -44,6 +44,10 @@ class Listener:
     keepalive_timeout: float = 5.0  # an idle keep-alive connection (or one never used)
     #: on shutdown, how long open connections get to finish (both servers)
     graceful_timeout: float = 2.0
+    #: on shutdown, keep serving until every other listener has stopped (and
+    #: `on_stop` is done): the gateway's admin listener, so `/metrics` and
+    #: `/readyz` answer throughout the public side's drain
+    stop_last: bool = False
 
 
 def run(main: Any) -> None:
@@ -232,8 +236,9 @@ async def serve_all(
 
     On a signal every server stops accepting connections and gives the open
     ones its `graceful_timeout`, while `on_stop` runs (the gateway drains
-    its requests in flight); a second signal forces the exit. Returns
-    normally after a signal: a stop asked for is not an error."""
+    its requests in flight); a `stop_last` listener keeps serving until all
+    that is done, then stops the same way. A second signal forces the exit.
+    Returns normally after a signal: a stop asked for is not an error."""
     loop = asyncio.get_running_loop()
     stop = _StopSignals(loop)
     servers = [_make_server(lst, log_level, capture_signals=not stop.handled) for lst in listeners]
@@ -251,7 +256,11 @@ async def serve_all(
         await asyncio.wait([*tasks, waiting], return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
         if stop.asked.is_set():
-            await _stop(servers, tasks, stop, on_stop)
+            last = [lst.stop_last for lst in listeners]
+            first = [(s, t) for s, t, keep in zip(servers, tasks, last, strict=True) if not keep]
+            await _stop([s for s, _ in first], [t for _, t in first], stop, on_stop)
+            after = [(s, t) for s, t, keep in zip(servers, tasks, last, strict=True) if keep]
+            await _stop([s for s, _ in after], [t for _, t in after], stop, None)
     finally:
         for s in servers:
             s.should_exit = True
