@@ -13,7 +13,8 @@ GIL), so sending them does not delay this process's own probes.
 
 Reports, per shape, the probes' latency p50 / p99 / max during the rounds,
 the huge requests' statuses and times, and the normal requests' statuses and
-latency. Writes `bench/results/loop_stall.{json,md}`.
+latency, and the gateway's RSS before the rounds and `--settle-s` after each
+shape. Writes `bench/results/loop_stall.{json,md}`.
 
     .venv/bin/python -m bench.loop_stall            # ~1 min
     .venv/bin/python -m bench.loop_stall --shapes prompt --rounds 1
@@ -169,7 +170,7 @@ def summarise(shape: str, rounds: list[Round], size: int) -> dict[str, Any]:
 
 
 @contextmanager
-def servers(logs: Path, tree: Path) -> Iterator[tuple[str, int]]:
+def servers(logs: Path, tree: Path) -> Iterator[tuple[str, int, int]]:
     sim_port, port, admin = free_port(), free_port(), free_port()
     py = sys.executable
     sim = Proc(
@@ -212,7 +213,15 @@ def servers(logs: Path, tree: Path) -> Iterator[tuple[str, int]]:
         stack.callback(gw.stop)
         wait_http_ok(f"http://127.0.0.1:{sim_port}/health", sim, 30)
         wait_http_ok(f"http://127.0.0.1:{port}/readyz", gw, 30)
-        yield f"http://127.0.0.1:{port}", port
+        yield f"http://127.0.0.1:{port}", port, gw.pid
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of process `pid`, MB (Linux `/proc`)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
 
 
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -225,8 +234,8 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{meta['probe_ms']} ms; {meta['normal_rps']} normal requests/s throughout.",
         "",
         "| shape | probes (failed) | healthz p50 ms | p99 ms | max ms | huge: statuses, slowest s "
-        "| normal: count, statuses, p50 ms, max ms |",
-        "|---|---|---|---|---|---|---|",
+        "| normal: count, statuses, p50 ms, max ms | RSS MB: baseline, after |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
@@ -234,7 +243,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{r['healthz_p99_ms']} | {r['healthz_max_ms']} | "
             f"{r['big_statuses']}, {r['big_max_s']} | "
             f"{r['normal_requests']}, {r['normal_statuses']}, {r['normal_p50_ms']}, "
-            f"{r['normal_max_ms']} |"
+            f"{r['normal_max_ms']} | {r.get('rss_baseline_mb')}, {r.get('rss_after_mb')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -247,6 +256,9 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--probe-ms", type=float, default=10.0)
     p.add_argument("--normal-rps", type=float, default=20.0)
+    p.add_argument(
+        "--settle-s", type=float, default=3.0, help="wait after each shape before reading RSS"
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--name", default="loop_stall", help="file name of the results")
     p.add_argument(
@@ -268,11 +280,18 @@ def main() -> None:
         **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     results = []
-    with tempfile.TemporaryDirectory() as logs, servers(Path(logs), args.tree) as (url, port):
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        servers(Path(logs), args.tree) as (url, port, pid),
+    ):
+        asyncio.run(run_round(url, port, huge_body("prompt", 1000), args))  # warm up
+        baseline = rss_mb(pid)
         for shape in args.shapes.split(","):
             body = huge_body(shape, int(args.mb * 1_000_000))
             rounds = [asyncio.run(run_round(url, port, body, args)) for _ in range(args.rounds)]
             results.append(summarise(shape, rounds, len(body)))
+            time.sleep(args.settle_s)  # the gateway gives memory back a little after
+            results[-1].update(rss_baseline_mb=baseline, rss_after_mb=rss_mb(pid))
             print(json.dumps(results[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta, results = repo_relative(meta), repo_relative(results)

@@ -78,7 +78,7 @@ class Gateway:
             self.admission.on_update,
         )
         stages = Stages(
-            ingress=Ingress(cfg),
+            ingress=Ingress(cfg, lambda: self.policy.policies),
             auth=Authenticator(cfg.auth),
             policy=self.policy,
             budgets=Budgets(cfg, self.store, metrics_registry=self.metrics.registry),

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gateway.errors import InvalidJSON
+from gateway.errors import BadRequest, InvalidJSON
 
 
 class _PairsHook(threading.local):
@@ -19,12 +19,21 @@ class _PairsHook(threading.local):
     disagree on which value wins, so such bytes are never forwarded as is)."""
 
     repeated = False
+    #: objects left before the body holds too many (decoding stops there)
+    left = 0
 
     def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         obj = dict(pairs)
         if len(obj) != len(pairs):
             self.repeated = True
+        self.left -= 1
+        if self.left < 0:
+            raise _TooManyObjects
         return obj
+
+
+class _TooManyObjects(Exception):
+    """Raised by the hook to stop decoding a body of too many objects."""
 
 
 #: Limits on the JSON of every body, checked right after decoding and before
@@ -86,13 +95,16 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return parse_json_document(raw)[0]
 
 
-def parse_json_document(raw: bytes) -> tuple[dict[str, Any], bool]:
+def parse_json_document(raw: bytes, max_objects: int = 1 << 62) -> tuple[dict[str, Any], bool]:
     """The JSON object in `raw`, and whether `raw` is plain UTF-8 whose objects
-    repeat no key (so the bytes mean exactly the parsed object)."""
+    repeat no key (so the bytes mean exactly the parsed object). A body of
+    more than `max_objects` JSON objects is refused as soon as decoding gets
+    there (its objects are never all built)."""
     if not raw.strip():
         raise InvalidJSON("Request body is empty; expected a JSON object.")
     bom = raw.startswith(_BOM)
     _HOOK.repeated = False
+    _HOOK.left = max_objects
     try:
         data = _DECODER.decode(raw[3:].decode("utf-8") if bom else raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -103,6 +115,12 @@ def parse_json_document(raw: bytes) -> tuple[dict[str, Any], bool]:
         ) from exc
     except RecursionError as exc:
         raise _too_deep(None) from exc
+    except _TooManyObjects:
+        raise BadRequest(
+            f"Request body has more than {max_objects} JSON objects, more than its messages "
+            "and content parts could need.",
+            code="array_above_max_length",
+        ) from None
     except ValueError as exc:  # an integer over `sys.int_max_str_digits`
         raise _too_long(None) from exc
     if not isinstance(data, dict):

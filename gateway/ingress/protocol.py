@@ -98,10 +98,16 @@ def _output_limit(body: dict[str, Any]) -> tuple[int | None, str | None]:
     return None, None
 
 
+def max_objects(limits: LimitsConfig) -> int:
+    """The most JSON objects a body may hold: twice what its messages and content
+    parts may be (tool schemas, tool calls and the like are objects too)."""
+    return 2 * (limits.max_messages + limits.max_content_parts) + 1024
+
+
 def parse_request(
     endpoint: Endpoint, raw: bytes, limits: LimitsConfig = _DEFAULT_LIMITS
 ) -> ParsedRequest:
-    body, forwardable = parse_json_document(raw)
+    body, forwardable = parse_json_document(raw, max_objects(limits))
     check_top_level(endpoint, body)  # the types the OpenAI API gives its fields
     model = body.get("model")
     if endpoint == "chat":

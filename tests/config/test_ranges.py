@@ -23,7 +23,7 @@ from gateway.config.ranges import Range, range_of
 from gateway.config.scheduling import ProfileSpec, ScorerRef
 from gateway.config.schema import GatewayConfig, ReplicaConfig, load_config, parse_config
 from gateway.config.state import RedisConfig, StateConfig
-from gateway.policy.policyset import Policy, load_policy_set
+from gateway.policies.policyset import Policy, load_policy_set
 
 #: The keys each object needs to decode at all (the fuzzed key is set on top).
 _REQUIRED: dict[type, dict[str, Any]] = {
