@@ -335,7 +335,8 @@ def server_error(status: int, message: str, code: str | None = None) -> GatewayE
     request, a head over its limit, an app that failed): the class its status
     maps to, with the server's `code` (None: the class's)."""
     cls = _SERVER_ERRORS.get(status) or (BadRequest if status < 500 else GatewayError)
-    return cls(message, code=code, status=status)
+    retry_after = 1.0 if status == 503 else None  # (a cancelled request: retry it)
+    return cls(message, code=code, status=status, retry_after=retry_after)
 
 
 def render_server_error(status: int, message: str, code: str | None) -> tuple[RawHeaders, bytes]:

@@ -62,7 +62,11 @@ class ListenConfig:
     head_timeout_s: float = ranged(5.0, gt=0)  # a request head, from its first byte
     body_timeout_s: float = ranged(30.0, gt=0)  # the longest gap between two request body bytes
     body_total_timeout_s: float = ranged(300.0, gt=0)  # a whole request body, from its head
-    keepalive_timeout_s: float = ranged(5.0, gt=0)  # an idle keep-alive connection
+    #: an idle keep-alive connection: longer than the clients' own (httpx 5 s) and
+    #: load balancers' (60 s), so the client closes first: a server closing one
+    #: races the request a client may be sending on it (a connection never used
+    #: closes after `head_timeout_s` if shorter)
+    keepalive_timeout_s: float = ranged(75.0, gt=0)
     #: on SIGTERM/SIGINT, how long requests in flight get to finish before they
     #: are ended with a `shutting_down` error (gateway/pipeline/lifecycle.py);
     #: below Kubernetes' default terminationGracePeriodSeconds (30)

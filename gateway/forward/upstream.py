@@ -92,12 +92,13 @@ class UpstreamResponse:
 
 def _translate(replica: str, exc: HTTPClientError) -> UpstreamUnavailable:
     """The client-facing error names the replica, never its address (the
-    cause, with the address, stays chained and is logged by the caller)."""
+    client's errors carry none; the cause, with it, stays chained and is
+    logged by the caller)."""
     if isinstance(exc, StaleConnection):
-        return UpstreamStaleConnection(f"replica {replica} closed the kept-alive connection")
+        return UpstreamStaleConnection(f"replica {replica} closed the connection: {exc}")
     if isinstance(exc, ConnectFailed):
-        return UpstreamNeverReached(f"cannot connect to replica {replica}")
-    return UpstreamUnavailable(f"replica {replica} failed before answering")
+        return UpstreamNeverReached(f"cannot connect to replica {replica}: {exc}")
+    return UpstreamUnavailable(f"replica {replica} failed before answering: {exc}")
 
 
 def _netloc(url: str) -> str:

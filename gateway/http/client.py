@@ -18,6 +18,7 @@ Errors (`gateway.forward.upstream` maps them onto the gateway's tree):
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 from collections.abc import Mapping
@@ -365,11 +366,11 @@ class Pool:
                     except OSError as exc:
                         error = exc
                 else:
-                    raise error or OSError(f"no address for {target.host}")
+                    raise error or OSError(0, "no address for the host")
         except TimeoutError as exc:
             raise ConnectFailed(f"connect timed out after {timeout:g} s") from exc
-        except OSError as exc:
-            raise ConnectFailed(f"cannot connect: {exc!r}") from exc
+        except OSError as exc:  # (the address stays in the chained cause, for the log)
+            raise ConnectFailed(f"cannot connect: {_os_reason(exc)}") from exc
         if self.closed:
             conn.abort()
             raise RuntimeError("the HTTP client is closed")
@@ -405,3 +406,12 @@ class Pool:
             conn.abort()
             self.drop(conn, wake=False)
         await asyncio.sleep(0)  # let the transports report connection_lost
+
+
+def _os_reason(exc: OSError) -> str:
+    """What failed, without the address (asyncio puts it in the message)."""
+    if isinstance(exc, ssl.SSLError):  # (names the certificate problem, not the address)
+        return str(exc)
+    if exc.errno:
+        return os.strerror(exc.errno)
+    return exc.strerror or type(exc).__name__

@@ -4,8 +4,8 @@ Never a task or a timer per request: each connection has one `TimerHandle`,
 and a firing that comes early (the deadline moved on since it was armed)
 re-arms it. What the timer watches is the connection's phase:
 
-- `IDLE`: no byte of a next request for `idle_timeout` seconds (since the
-  last response, or since the connection was opened) → close;
+- `IDLE`: no byte of a next request for `idle_timeout` seconds since the
+  last response (a connection never used: `head_timeout`, if shorter) → close;
 - `HEAD`: a request head must be complete within `head_timeout` of its first
   byte → close;
 - `BODY`: a request body must not pause for more than `body_timeout` between
@@ -50,13 +50,14 @@ class Timed(Protocol):
 class ConnectionTimer:
     """The phase of one connection and its deadline (see the module doc)."""
 
-    __slots__ = ("_conn", "_due", "_handle", "_loop", "_state", "last", "phase", "since")
+    __slots__ = ("_conn", "_due", "_handle", "_loop", "_state", "fresh", "last", "phase", "since")
 
     def __init__(self, conn: Timed, state: ServerState) -> None:
         self._conn = conn
         self._state = state
         self._loop = state.loop
         self.phase = IDLE
+        self.fresh = False  # in IDLE: no request yet on this connection
         self.since = 0.0  # when the current phase began
         self.last = 0.0  # when the last body byte arrived (phase `BODY`)
         self._handle: asyncio.TimerHandle | None = None
@@ -72,15 +73,21 @@ class ConnectionTimer:
         self._due = due
         self._handle = self._loop.call_at(due, self._check)
 
-    def idle(self, head_begun: bool) -> None:
-        """The connection waits for a next request (whose head may have begun already)."""
+    def idle(self, head_begun: bool, fresh: bool = False) -> None:
+        """The connection waits for a next request (whose head may have begun
+        already); a `fresh` one (never used) for its first at most `head_timeout`."""
         now = self.since = self._loop.time()
         if head_begun:
             self.phase = HEAD
             self._arm(now + self._state.head_timeout)
         else:
             self.phase = IDLE
-            self._arm(now + self._state.idle_timeout)
+            self.fresh = fresh
+            self._arm(now + self._idle_timeout())
+
+    def _idle_timeout(self) -> float:
+        state = self._state
+        return min(state.idle_timeout, state.head_timeout) if self.fresh else state.idle_timeout
 
     def head_begins(self) -> None:
         self.phase = HEAD
@@ -127,7 +134,7 @@ class ConnectionTimer:
         state = self._state
         now = self._loop.time()
         if phase == IDLE:
-            due = self.since + state.idle_timeout
+            due = self.since + self._idle_timeout()
         elif phase == HEAD:
             due = self.since + state.head_timeout
         else:

@@ -27,13 +27,16 @@ An upgraded request is served as plain HTTP/1.1 and the connection closes.
 
 Timeouts: `gateway.http.conn_timer` (idle keep-alive, head, body; a stalled
 body is answered `408` if its response has not started, then the connection
-closes and the app's `receive()` returns `http.disconnect`).
+closes and the app's `receive()` returns `http.disconnect`). An idle
+connection whose next request has arrived by the deadline, unread yet, is
+not closed (closing would reset that request unanswered): it is served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import deque
 from typing import Final, cast
 
@@ -52,6 +55,21 @@ log = logging.getLogger("gateway.http.server")
 MAX_PIPELINE: Final = 32  # queued requests per connection before parsing pauses
 FEED_SLICE: Final = 4096  # input parsed at once (bounds what one parse can queue past the cap)
 LINGER_S: Final = 2.0  # input is discarded this long after an answer that leaves input unread
+
+
+def input_waiting(transport: asyncio.BaseTransport) -> bool:
+    """Whether bytes (or the client's FIN) wait unread in the socket."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        with socket.fromfd(sock.fileno(), sock.family, sock.type) as peer:  # a dup: no close
+            peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:  # closed meanwhile, or no socket to peek (not a stream)
+        return False
+    return True
 
 
 class HttpConnection(asyncio.Protocol):
@@ -104,7 +122,7 @@ class HttpConnection(asyncio.Protocol):
         self._client = self._reader.client = peer_address(transport.get_extra_info("peername"))
         self._reader.server = peer_address(transport.get_extra_info("sockname"))
         self.state.connections.add(self)
-        self._become_idle()
+        self._become_idle(fresh=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state.connections.discard(self)
@@ -284,11 +302,11 @@ class HttpConnection(asyncio.Protocol):
 
     # --- timeouts (`gateway.http.conn_timer`) ----------------------------------------------------
 
-    def _become_idle(self) -> None:
+    def _become_idle(self, fresh: bool = False) -> None:
         if self.state.shutting_down:
             self._close()
             return
-        self._timer.idle(head_begun=self._reader.in_head)
+        self._timer.idle(head_begun=self._reader.in_head, fresh=fresh)
 
     def touch_idle(self) -> None:
         """The client's request moved on (its bytes arrived, or a `100 Continue` went out)."""
@@ -301,6 +319,11 @@ class HttpConnection(asyncio.Protocol):
     def timed_out(self, phase: int, message: str) -> None:
         if phase == BODY:
             self._bad_request(408, message, "request_body_timeout")
+        elif phase == IDLE and input_waiting(self._transport):
+            # A next request arrived by the deadline, unread yet (a busy loop runs
+            # due timers before it reads: uvloop always does): closing now would
+            # reset it unanswered. It is read next; its head gets `head_timeout`.
+            self._timer.head_begins()
         else:
             log.debug("%s from %s: closing", message, self._client)
             self._close()

@@ -385,9 +385,7 @@ class Exchange:
             await app(self.scope, self.receive, self.send)
         except asyncio.CancelledError:
             if not self.complete:
-                self.complete = True
-                self.keep_alive = False
-                self.conn.response_done(self)
+                self._cancelled()
             raise
         except Exception as exc:
             if self.disconnected:
@@ -419,7 +417,25 @@ class Exchange:
             # cyclic GC frees, ~15 objects per request.
             self.scope["extensions"] = {}
 
-    def _abandon(self) -> None:
+    def _cancelled(self) -> None:
+        """The app's task was cancelled before its response was complete: unless
+        the client is gone, it still gets an answer (a 503 to retry, if nothing
+        went out yet) and the log says so."""
+        if not self.disconnected:
+            log.warning(
+                "request cancelled before its response was complete (%s %s)%s",
+                self.scope["method"],
+                self.scope["path"],
+                "" if self.head_sent else ": answered 503",
+            )
+        self._abandon(503, "The request was cancelled; retry it.", "request_cancelled")
+
+    def _abandon(
+        self,
+        status: int = 500,
+        message: str = "Internal server error",
+        code: str = "internal_error",
+    ) -> None:
         """The app ended without a complete response: a 500 if nothing went out, else close."""
         if self.complete:
             return
@@ -432,12 +448,6 @@ class Exchange:
             self.head = None
             state = self.conn.state
             self.transport.write(
-                error_response(
-                    state.render_error,
-                    500,
-                    "Internal server error",
-                    "internal_error",
-                    state.date_line,
-                )
+                error_response(state.render_error, status, message, code, state.date_line)
             )
         self.conn.response_done(self)

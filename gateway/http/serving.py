@@ -41,7 +41,7 @@ class Listener:
     head_timeout: float = 5.0  # a request head, from its first byte
     body_timeout: float = 30.0  # the longest gap between two request body bytes
     body_total_timeout: float = 300.0  # a whole request body, from its head
-    keepalive_timeout: float = 5.0  # an idle keep-alive connection (or one never used)
+    keepalive_timeout: float = 5.0  # an idle keep-alive connection (a fresh one: head_timeout)
     #: on shutdown, how long open connections get to finish (both servers)
     graceful_timeout: float = 2.0
     #: on shutdown, keep serving until every other listener has stopped (and

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.request.context import RequestContext
 from gateway.scheduling.affinity import SessionAffinity
 from gateway.scheduling.router import Router
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -100,8 +103,15 @@ class Pipeline:
             # The client went away while we were sending (ASGI 2.4 send raises).
             ctx.outcome = "cancelled"
             self._metrics.cancellations.labels(ctx.stage).inc()
+        except Exception as exc:  # a bug: the client still gets an answer, the log the details
+            await self._internal_error(ctx, exc, send)
         else:
             ctx.outcome = "ok"
+
+    async def _internal_error(self, ctx: RequestContext, exc: BaseException, send: Send) -> None:
+        log.error("request %s failed in stage %s", ctx.request_id, ctx.stage, exc_info=exc)
+        ctx.outcome = "internal_error"
+        await self._fail(ctx, GatewayError("Internal error; the request may be retried."), send)
 
     async def _run(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
         s = self.stages
