@@ -11,7 +11,7 @@ Timed in this thread's CPU time; each repeat runs every variant once, in
 rotating order, and the median of the repeats is reported, so a burst of
 other work on the machine lands on every variant alike.
 
-The limits (`gateway/ingress/protocol.py`): nesting depth ≤ 64, integers ≤ 100
+The limits (`gateway/ingress/jsonbody.py`): nesting depth ≤ 64, integers ≤ 100
 digits, finite numbers, valid UTF-8 and no lone surrogates; and whether the
 bytes mean exactly the parsed object (no repeated key, no BOM), which decides
 whether the client's bytes may be forwarded as they are. The hostile inputs
@@ -39,7 +39,7 @@ from bench.loop_stall import huge_body
 from bench.parse_json_cases import HOSTILE, Case, no_bom, run_cases, walked
 from bench.parse_json_report import markdown
 from gateway.http.serving import tune_gc
-from gateway.ingress import protocol
+from gateway.ingress import jsonbody, protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 Parse = Callable[[bytes], object]
@@ -84,7 +84,7 @@ def _limits_walk_only() -> dict[str, Callable[[object], object]]:
     def gateway_walk(data: object) -> object:
         assert isinstance(data, dict)
         for key, value in data.items():
-            protocol._check_json_value(key, value, 2, False)
+            jsonbody._check_json_value(key, value, 2, False)
         return data
 
     return {

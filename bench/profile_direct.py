@@ -22,7 +22,7 @@ from typing import Any
 from gateway.config.schema import LimitsConfig
 from gateway.forward.rawbody import spliced
 from gateway.http.serving import tune_gc
-from gateway.ingress import protocol
+from gateway.ingress import jsonbody, protocol
 from gateway.ingress.protocol import parse_request, prompt_parts
 from gateway.policy.tokens import LRU, estimate_request
 from gateway.scheduling.conversation import opening
@@ -56,7 +56,7 @@ def _field_checks(data: dict[str, Any]) -> None:
 
 def _walk(data: dict[str, Any]) -> None:
     for key, value in data.items():
-        protocol._check_json_value(key, value, 2, False)
+        jsonbody._check_json_value(key, value, 2, False)
 
 
 def direct_timings(body: bytes, repeats: int) -> dict[str, float]:
@@ -65,7 +65,7 @@ def direct_timings(body: bytes, repeats: int) -> dict[str, float]:
     tune_gc()
     req = parse_request("chat", body)
     text = body.decode()
-    data = protocol._DECODER.decode(text)
+    data = jsonbody._DECODER.decode(text)
 
     def render() -> None:
         req.parts = None
@@ -77,9 +77,9 @@ def direct_timings(body: bytes, repeats: int) -> dict[str, float]:
     final = {**(req.original or {}), "stream_options": {"include_usage": True}}
     steps: dict[str, Callable[[], object]] = {
         "utf-8 decode": body.decode,
-        "JSON decode (stdlib, gateway's decoder)": lambda: protocol._DECODER.decode(text),
+        "JSON decode (stdlib, gateway's decoder)": lambda: jsonbody._DECODER.decode(text),
         "limits walk": lambda: _walk(data),
-        "surrogate-escape scan": lambda: protocol._has_surrogate_escape(body),
+        "surrogate-escape scan": lambda: jsonbody._has_surrogate_escape(body),
         "field checks": lambda: _field_checks(data),
         "parse_request (all ingress)": lambda: parse_request("chat", body),
         "canonical rendering": render,

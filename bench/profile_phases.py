@@ -28,20 +28,22 @@ _COPIES = (
 
 #: (phase, file suffix, function names or None for every function), first match wins.
 _RULES: tuple[tuple[str, str, frozenset[str] | None], ...] = (
-    ("JSON parse", "gateway/ingress/protocol.py", frozenset({"parse_json_document", "__call__"})),
+    ("JSON parse", "gateway/ingress/jsonbody.py", frozenset({"parse_json_document", "__call__"})),
     (
         "validation walk (limits)",
-        "gateway/ingress/protocol.py",
+        "gateway/ingress/jsonbody.py",
         frozenset(
             {"_check_json_value", "_check_container", "_check_scalar", "_has_surrogate_escape"}
         ),
     ),
+    ("canonical rendering", "gateway/ingress/jsonbody.py", frozenset({"canonical"})),
     (
         "canonical rendering",
         "gateway/ingress/protocol.py",
-        frozenset({"prompt_parts", "_render_parts", "_content_parts", "canonical"}),
+        frozenset({"prompt_parts", "_render_parts", "_content_parts"}),
     ),
     ("field checks", "gateway/ingress/protocol.py", None),
+    ("field checks", "gateway/ingress/fields.py", None),
     ("JSON parse", "json/decoder.py", None),
     ("JSON parse", "json/__init__.py", frozenset({"loads"})),
     ("re-serialisation / splicing", "gateway/forward/rawbody.py", None),

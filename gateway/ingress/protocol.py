@@ -31,6 +31,7 @@ __all__ = [
     "Endpoint",
     "ParsedRequest",
     "canonical_json",
+    "parse_json_document",
     "parse_json_object",
     "parse_request",
     "prompt_parts",

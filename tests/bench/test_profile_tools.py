@@ -63,7 +63,8 @@ def test_every_second_of_a_real_profile_lands_in_one_phase() -> None:
 
 def test_rules_by_file_and_function() -> None:
     protocol = "/x/gateway/ingress/protocol.py"
-    assert rule_phase((protocol, 1, "_check_container")) == "validation walk (limits)"
+    jsonbody = "/x/gateway/ingress/jsonbody.py"
+    assert rule_phase((jsonbody, 1, "_check_container")) == "validation walk (limits)"
     assert rule_phase((protocol, 1, "_render_parts")) == "canonical rendering"
     assert rule_phase((protocol, 1, "_check_messages")) == "field checks"
     assert rule_phase(("~", 0, "<method 'join' of 'bytes' objects>")) == "body copies"
@@ -88,9 +89,9 @@ def test_pyspy_samples_go_to_their_innermost_ruled_frame() -> None:
     root = "run (/r/gateway/http/exchange.py:3)"
     collapsed = "\n".join(
         [
-            f"{root};parse_json_document (/r/gateway/ingress/protocol.py:9);raw_decode "
+            f"{root};parse_json_document (/r/gateway/ingress/jsonbody.py:9);raw_decode "
             "(/usr/lib/python3.11/json/decoder.py:353) 6",
-            f"{root};_PairsHook.__call__ (/r/gateway/ingress/protocol.py:62) 2",
+            f"{root};_PairsHook.__call__ (/r/gateway/ingress/jsonbody.py:62) 2",
             f"{root};helper (/usr/lib/python3.11/functools.py:1) 2",
         ]
     )
