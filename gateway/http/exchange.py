@@ -34,7 +34,8 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from gateway.http.asgi import DISCONNECT_EXTENSION, ASGIApp, ClientDisconnected, Message, Scope
-from gateway.http.responses import STATUS_LINES, error_response
+from gateway.http.response_head import encode_head
+from gateway.http.responses import error_response
 from gateway.http.server_state import ServerState
 
 __all__ = [
@@ -53,21 +54,6 @@ _COPY_LIMIT: Final = 16 * 1024  # a larger body is not copied behind its head (w
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _UNDECIDED = range(5)  # response framing
-_SPECIAL: Final = frozenset((b"content-length", b"transfer-encoding", b"connection", b"date"))
-
-
-# Response header names seen before → their lower-case form (validated once).
-_NAMES: dict[bytes, bytes] = {}
-_TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
-
-def _new_name(name: bytes) -> bytes:
-    if not isinstance(name, bytes) or not name or name.translate(None, _TOKEN):
-        raise RuntimeError(f"Invalid HTTP response header name: {name!r}")
-    lower = name.lower()
-    if len(_NAMES) < 4096:
-        _NAMES[name] = lower
-    return lower
 
 
 def _noop() -> None:
@@ -251,31 +237,7 @@ class Exchange:
         raise RuntimeError(f"Unexpected ASGI message {kind!r} (response {state}).")
 
     def _prepare_head(self, status: int, headers: Any) -> None:
-        line = STATUS_LINES.get(status)
-        if line is None:
-            raise RuntimeError(f"Invalid HTTP status code: {status!r}")
-        parts = [line]
-        length: int | None = None
-        has_date = app_close = False
-        names = _NAMES
-        for name, value in headers:
-            lname = names.get(name) or _new_name(name)
-            if lname in _SPECIAL:
-                if lname == b"content-length":
-                    if not value.isdigit():
-                        raise RuntimeError(f"Invalid content-length: {value!r}")
-                    length = int(value)
-                elif lname == b"transfer-encoding":
-                    continue  # the framing is the server's
-                elif lname == b"connection":
-                    app_close = app_close or b"close" in value.lower()
-                else:
-                    has_date = True
-            parts += (name, b": ", value, b"\r\n")
-        head = b"".join(parts)
-        lines = len(parts) // 4 + 1
-        if head.count(b"\n") != lines or head.count(b"\r") != lines:
-            raise RuntimeError("Invalid HTTP response header: CR or LF in a name or value.")
+        head, length, has_date, app_close = encode_head(status, headers)
         conn = self.conn
         if not has_date:
             head += conn.state.date_line
