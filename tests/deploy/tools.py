@@ -1,5 +1,5 @@
 """The external checkers tests/deploy runs, found on PATH or in this
-interpreter's environment (where .ci/run installs tests/deploy/tools-requirements.txt).
+interpreter's environment (where scripts/test installs tests/deploy/tools-requirements.txt).
 
 A missing tool fails the test under CI (CI is set: .ci/run installs every one) and
 skips it locally with a loud NOT CHECKED line saying what went unchecked."""
