@@ -50,22 +50,27 @@ def fleet(tmp_path: Path, instances: int) -> Iterator[list[str]]:
             assert "Traceback" not in gw.log()
 
 
+#: Two instances sharing Redis on a saturated machine: a few new connections of a burst
+#: (about 1 in 1,400 requests) are reset 0.1-4 s after their request was sent, before any
+#: answer and with nothing in the gateway's log. Not yet explained; until it is, the
+#: two-instance case is held to this bound (one instance loses nothing).
+TWO_INSTANCE_LOSS_BOUND = 0.005
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="open question: on a saturated machine (load 6-8 on 2 cores) a few new "
-    "connections of a burst (~1 in 1,000 requests) are reset 0.1-4 s after their request "
-    "was sent, before any answer and with nothing in the gateway's log; the keep-alive "
-    "boundary losses (7-9 per 1,500 with equal idle timeouts) are gone",
-    strict=False,
-)
 @pytest.mark.parametrize(
     "instances", [1, pytest.param(2, marks=pytest.mark.redis)], ids=["one", "two-redis"]
 )
 def test_open_loop_streams_lose_no_answer(tmp_path: Path, instances: int) -> None:
     with fleet(tmp_path, instances) as urls:
+        answered = lost = 0
         for run in range(RUNS):
             tally = asyncio.run(loadgen.run(urls, 1000.0, 5.0, CLIENT_IDLE_S, 100, seed=run))
-            assert tally.lost == [], tally.lost[:5]
             assert tally.answered > 500
             assert tally.peak_in_flight >= 100, tally.peak_in_flight
             assert set(tally.statuses) <= {200, 429, 503}, tally.statuses
+            if instances == 1:
+                assert tally.lost == [], tally.lost[:5]
+            answered += tally.answered
+            lost += len(tally.lost)
+        assert lost <= TWO_INSTANCE_LOSS_BOUND * (answered + lost), (lost, answered)
