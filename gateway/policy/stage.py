@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from gateway.forward.upstream import UpstreamClient
 from gateway.observability.cells import LockFreeCounter
 from gateway.observability.metrics import Children
 from gateway.policies.policyset import Policy, PolicySet, load_policy_set
+from gateway.policy.estimate import MAX_OVERCOUNT
 from gateway.policy.tokens import (
     LRU,
     OFFLOAD_BYTES,
@@ -173,12 +175,11 @@ class PolicyStage:
         replicas = serving_replicas(self._registry, ctx.model)
         counter = active.counters[policy.name]
         if req.size >= OFFLOAD_BYTES:
-            _check_floor(contract, req, counter.floor(req), _max_model_len(replicas))
+            _check_floor(contract, req, _true_floor(counter, req), _max_model_len(replicas))
         counted = counter.count_now(req, replicas, ctx.model)
         if not isinstance(counted, TokenCount):
             return self._limit_when_counted(contract, req, replicas, counted)
-        self._limit(contract, req, replicas, counted)
-        return None
+        return self._limit(contract, req, replicas, counted)
 
     async def _limit_when_counted(
         self,
@@ -187,18 +188,76 @@ class PolicyStage:
         replicas: list[Replica],
         counting: Awaitable[TokenCount],
     ) -> None:
-        self._limit(contract, req, replicas, await counting)
+        recount = self._limit(contract, req, replicas, await counting)
+        if recount is not None:
+            await recount
 
     def _limit(
         self, contract: Contract, req: ParsedRequest, replicas: list[Replica], counted: TokenCount
+    ) -> Awaitable[None] | None:
+        """Apply the limits at `counted`. An estimate refused by less than
+        its error margin (`MAX_OVERCOUNT`) is not refused yet: the returned
+        awaitable counts the prompt exactly (the engine's count, cached) and
+        decides on that."""
+        max_model_len = _max_model_len(replicas)
+        try:
+            _check_limits(contract, req, counted, max_model_len)
+        except ContextLengthExceeded:
+            lower = TokenCount(math.ceil(counted.tokens / MAX_OVERCOUNT), counted.source)
+            if counted.source != "estimate" or not _fits(contract, req, lower, max_model_len):
+                raise
+            return self._limit_exactly(contract, req, replicas, counted)
+        self._counted(contract, counted)
+        return None
+
+    async def _limit_exactly(
+        self, contract: Contract, req: ParsedRequest, replicas: list[Replica], estimate: TokenCount
     ) -> None:
+        exact = await self._engine.count(req, replicas, contract.model or req.model)
+        counted = estimate if exact.source == "fallback" else exact
+        _check_limits(contract, req, counted, _max_model_len(replicas))
+        self._counted(contract, counted)
+
+    def _counted(self, contract: Contract, counted: TokenCount) -> None:
         self.metrics.token_counts_by(counted.source).inc()
-        contract.prompt_tokens = counted.tokens
-        _check_input(contract, req)
-        contract.choices = _choices(contract, req)
-        contract.output_limit = _output_limit(contract, req, _max_model_len(replicas))
         if contract.clamped_from is not None:
             self.metrics.output_clamped.labels(contract.policy.name).inc()
+
+
+def _check_limits(
+    contract: Contract, req: ParsedRequest, counted: TokenCount, max_model_len: int | None
+) -> None:
+    contract.prompt_tokens = counted.tokens
+    how = _how(counted)
+    _check_input(contract, req, how)
+    contract.choices = _choices(contract, req)
+    contract.output_limit = _output_limit(contract, req, max_model_len, how)
+
+
+def _fits(
+    contract: Contract, req: ParsedRequest, counted: TokenCount, max_model_len: int | None
+) -> bool:
+    try:
+        _check_limits(contract, req, counted, max_model_len)
+    except ContextLengthExceeded:
+        return False
+    return True
+
+
+def _how(counted: TokenCount) -> str:
+    """How the count in a refusal was made, as the error message says it."""
+    if counted.source in ("engine", "cache"):
+        return "counted by the engine"
+    if counted.source == "tokenizer":
+        return "counted by the tokenizer"
+    return "estimated"
+
+
+def _true_floor(counter: TokenCounter, req: ParsedRequest) -> int:
+    """A lower bound of the prompt's real count: an estimate's own floor is
+    only a floor of the estimate, which over-counts by up to `MAX_OVERCOUNT`."""
+    floor = counter.floor(req)
+    return math.ceil(floor / MAX_OVERCOUNT) if isinstance(counter, EstimateCounter) else floor
 
 
 def resolve(
@@ -258,12 +317,13 @@ def _input_param(req: ParsedRequest) -> str:
     return "messages" if req.endpoint == "chat" else "prompt"
 
 
-def _check_input(contract: Contract, req: ParsedRequest) -> None:
+def _check_input(contract: Contract, req: ParsedRequest, how: str) -> None:
     policy = contract.policy
     limit, tokens = policy.limits.max_input_tokens, contract.prompt_tokens or 0
     if limit is not None and tokens > limit:
         raise ContextLengthExceeded(
-            f"The input of this request is {tokens} tokens, over the {limit}-token input limit of "
+            f"The input of this request is {tokens} tokens ({how}), over the {limit}-token input "
+            "limit of "
             f"task '{policy.name}'. Please reduce the length of the {_input_param(req)}.",
             param=_input_param(req),
         )
@@ -318,7 +378,9 @@ def _choices(contract: Contract, req: ParsedRequest) -> int:
     return most
 
 
-def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | None) -> int:
+def _output_limit(
+    contract: Contract, req: ParsedRequest, max_model_len: int | None, how: str
+) -> int:
     policy = contract.policy
     lim, prompt = policy.limits, contract.prompt_tokens or 0
     requested, param = req.requested_output, req.output_field or "max_tokens"
@@ -348,7 +410,7 @@ def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | N
     if prompt >= max_model_len:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"{_input_param(req)} resulted in {prompt} input tokens.",
+            f"{_input_param(req)} resulted in {prompt} input tokens ({how}).",
             param=_input_param(req),
         )
     if prompt + output > max_model_len:
@@ -357,8 +419,8 @@ def _output_limit(contract: Contract, req: ParsedRequest, max_model_len: int | N
         raise ContextLengthExceeded(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             "requested "
-            f"{prompt + output} tokens ({prompt} in the {_input_param(req)}, {output} in the "
-            "completion). "
+            f"{prompt + output} tokens ({prompt} in the {_input_param(req)}, {how}, {output} in "
+            "the completion). "
             f"Please reduce the length of the {_input_param(req)} or the completion.",
             param=param,
         )

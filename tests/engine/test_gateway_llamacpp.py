@@ -250,6 +250,46 @@ def test_over_context_refused_before_the_engine(
             assert a[name] == b[name], f"{name} moved: {b[name]} -> {a[name]}"
 
 
+def _chat_count(c: httpx.Client, messages: Any) -> int:
+    """The engine's own count of a chat prompt: its template, then its tokenizer."""
+    prompt = c.post("/apply-template", json={"messages": messages}).json()["prompt"]
+    return _tokenize_special(c, prompt)
+
+
+def _hellos_counting(c: httpx.Client, target: int) -> tuple[Any, int]:
+    """A chat of repeated words whose real count is `target` (within a token or two)."""
+    words = target
+    for _ in range(4):  # one word is one token: two steps land on it
+        messages = [{"role": "user", "content": "hello " * words}]
+        count = _chat_count(c, messages)
+        if abs(count - target) <= 1:
+            break
+        words += target - count
+    return messages, count
+
+
+def test_prompt_under_the_window_by_real_count_is_served(
+    llama_servers: list[str], llama_reset: Reset
+) -> None:
+    # 3 % under the window by the engine's count, about twice over it by the estimate: counted
+    # exactly before a refusal, and served; 3 % over by the engine's count: refused, saying so.
+    max_tokens = 8
+    with httpx.Client(base_url=llama_servers[0], timeout=30) as c:
+        fits, fits_count = _hellos_counting(c, int(N_CTX_PER_SLOT * 0.97) - max_tokens)
+        over, over_count = _hellos_counting(c, int(N_CTX_PER_SLOT * 1.03))
+    body = {"model": MODEL, "messages": fits}
+    estimate = estimate_request(parse_request("chat", json.dumps(body).encode()))
+    assert estimate > N_CTX_PER_SLOT and fits_count + max_tokens < N_CTX_PER_SLOT
+    with llama_gateway(llama_servers) as gw, gw.openai() as client:
+        served = client.chat.completions.create(model=MODEL, messages=fits, max_tokens=max_tokens)
+        assert served.usage is not None and served.usage.prompt_tokens == fits_count
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=over, max_tokens=max_tokens)
+        assert info.value.code == "context_length_exceeded", info.value.body
+        message = str(info.value.body)
+        assert f"resulted in {over_count} input tokens (counted by the engine)" in message
+
+
 def _upstream_attempts(gw: RunningGateway) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])

@@ -57,7 +57,7 @@ def test_choices_out_of_range_or_of_the_wrong_type_are_400_naming_the_field(
 def test_zero_max_tokens_is_refused_before_any_engine_work() -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         with pytest.raises(BadRequest) as exc:
-            _output_limit(contract(), request(**{name: 0}), None)
+            _output_limit(contract(), request(**{name: 0}), None, "estimated")
         assert exc.value.param == name
 
 

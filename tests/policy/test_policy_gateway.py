@@ -179,6 +179,45 @@ def test_input_plus_output_over_max_model_len(gw: RunningGateway, sim: SimCluste
     assert upstream_count(sim) == before
 
 
+def token_counts(gw: RunningGateway, source: str) -> float:
+    prefix = f'gateway_token_counts_total{{source="{source}"}} '
+    lines = [ln for ln in gw.metrics_text().splitlines() if ln.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_estimate_over_the_window_is_counted_exactly_before_a_refusal(
+    gw: RunningGateway, sim: SimCluster
+) -> None:
+    # Task `default` estimates. The estimate puts this over the window (its template charge
+    # alone is 40 tokens); the replica's own count fits it: served, at the replica's count.
+    prompt = len(tokenize(render_chat(MSG, add_generation_prompt=True)))
+    output = MAX_MODEL_LEN - prompt - 2
+    raw = client(gw).chat.completions.with_raw_response.create(
+        model="sim-model", messages=MSG, max_tokens=output
+    )
+    assert raw.headers["x-gateway-input-tokens"] == str(prompt)
+    assert last_upstream(sim)["prompt_tokens"] == prompt
+    # Over by the replica's count too: refused, saying the count is the engine's.
+    before = upstream_count(sim)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client(gw).chat.completions.create(
+            model="sim-model", messages=MSG, max_tokens=MAX_MODEL_LEN - prompt + 1
+        )
+    assert exc.value.code == "context_length_exceeded"
+    assert f"({prompt} in the messages, counted by the engine," in exc.value.message
+    assert upstream_count(sim) == before
+
+
+def test_estimate_far_over_the_window_is_refused_without_a_count(gw: RunningGateway) -> None:
+    engine_counts = token_counts(gw, "engine")
+    long = [{"role": "user", "content": "word " * (4 * MAX_MODEL_LEN)}]  # >3x by the estimate
+    with pytest.raises(openai.BadRequestError) as exc:
+        client(gw).chat.completions.create(model="sim-model", messages=long, max_tokens=4)
+    assert exc.value.code == "context_length_exceeded"
+    assert "input tokens (estimated)." in exc.value.message
+    assert token_counts(gw, "engine") == engine_counts
+
+
 def test_engine_token_count_matches_replica(gw: RunningGateway, sim: SimCluster) -> None:
     messages = [
         {"role": "system", "content": "You are terse."},

@@ -533,16 +533,9 @@ def test_concurrency_spreads_over_both_replicas(vllm_idle: list[VLLMServer]) -> 
     assert len(results) == 4 and len(set(results)) == 2, results
 
 
-# --------------------------------------------------------------------------- known gaps
+# --------------------------------------------------------------------------- exact counts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=openai.BadRequestError,
-    reason="the gateway's context check counts with the byte estimate (~3 bytes a token), "
-    "over-counting this prompt ~2x, so a prompt that fits the engine's window is refused "
-    "with context_length_exceeded before vLLM sees it",
-)
 def test_prompt_that_fits_the_window_is_served(vllm_idle: list[VLLMServer]) -> None:
     server = vllm_idle[0]
     messages: Any = [{"role": "user", "content": "hello " * 1500}]
