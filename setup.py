@@ -27,6 +27,8 @@ COMPILED_MODULES = {
     "gateway/forward/rawbody.py": ["tests/forward/test_rawbody.py"],
     "gateway/forward/reassemble.py": ["tests/forward/test_reassemble.py"],
     "gateway/forward/sse.py": ["tests/forward/test_sse.py"],
+    "gateway/ingress/fields.py": ["tests/ingress/test_fields.py"],
+    "gateway/ingress/jsonbody.py": ["tests/ingress/test_hostile_json.py"],
     "gateway/ingress/protocol.py": [
         "tests/ingress/test_protocol.py",
         "tests/ingress/test_hostile_json.py",
