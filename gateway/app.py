@@ -81,7 +81,12 @@ class Gateway:
             ingress=Ingress(cfg, lambda: self.policy.policies),
             auth=Authenticator(cfg.auth),
             policy=self.policy,
-            budgets=Budgets(cfg, self.store, metrics_registry=self.metrics.registry),
+            budgets=Budgets(
+                cfg,
+                self.store,
+                metrics_registry=self.metrics.registry,
+                count_exactly=self.policy.count_exactly,
+            ),
             router=build_router(
                 cfg.scheduling, registry=self.metrics.registry, can_admit=self.admission.can_admit
             ),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import xxhash
@@ -39,6 +39,8 @@ from gateway.config.schema import GatewayConfig
 from gateway.deadlines import deadline as deadlines
 from gateway.errors import RateLimited
 from gateway.policies.policyset import SessionSpec
+from gateway.policy.estimate import MAX_OVERCOUNT
+from gateway.policy.tokens import described
 from gateway.request.context import RequestContext
 from gateway.state import Claim, Reservation, StateStore
 from gateway.state.base import ReserveResult, Stamp
@@ -73,10 +75,12 @@ class Budgets:
         *,
         wall: Callable[[], float] = time.time,
         metrics_registry: CollectorRegistry | None = None,
+        count_exactly: Callable[[RequestContext], Awaitable[bool]] | None = None,
     ) -> None:
         self._cfg = cfg
         self._store = store
         self._wall = wall
+        self._count_exactly = count_exactly
         self.rejections = Counter(
             "gateway_budget_rejections",
             "Requests refused by a tenant limit or session budget, by reason.",
@@ -100,6 +104,18 @@ class Budgets:
         )
 
     async def _enter(self, ctx: RequestContext) -> Held | None:
+        entered = await self._reserve(ctx)
+        if entered is None:
+            return None
+        result, rules, worst = entered
+        if result.reservation is None:
+            rule = next(r for r in rules if r.claim.key == result.failed_key)
+            if await self._recounted(ctx, rule, result):
+                return await self._enter(ctx)
+            raise self._refusal(rule, result, _counted(ctx))
+        return result.reservation, rules, worst
+
+    async def _reserve(self, ctx: RequestContext) -> tuple[ReserveResult, list[Rule], int] | None:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0) * ctx.choices
         rules = self._tenant_rules(ctx, worst)
         session = ctx.contract.policy.session if ctx.contract is not None else None
@@ -120,10 +136,22 @@ class Budgets:
         )
         if session is not None and stamps:
             await self._check_duration(ctx, session, result, now)
-        if result.reservation is None:
-            rule = next(r for r in rules if r.claim.key == result.failed_key)
-            raise self._refusal(rule, result)
-        return result.reservation, rules, worst
+        return result, rules, worst
+
+    async def _recounted(self, ctx: RequestContext, rule: Rule, result: ReserveResult) -> bool:
+        """Whether a token budget refused an estimated prompt by less than the
+        estimate's margin and the prompt is now counted exactly (then the
+        reservation is tried again, once: the count is no longer an estimate)."""
+        contract, limit = ctx.contract, rule.claim.limit
+        if rule.kind != "tokens" or self._count_exactly is None or limit is None:
+            return False
+        if contract is None or contract.prompt_source != "estimate":
+            return False
+        prompt = contract.prompt_tokens or 0
+        lowest = rule.claim.amount - prompt + math.ceil(prompt / MAX_OVERCOUNT)
+        if result.current + lowest > limit:
+            return False
+        return await self._count_exactly(ctx)
 
     async def settle(self, ctx: RequestContext, held: Held) -> None:
         """Settle a reservation with what the request used (its own store call:
@@ -137,7 +165,7 @@ class Budgets:
         remaining = (ctx.deadline.at if ctx.deadline is not None else now) - now
         return max(1.0, remaining) + _RESERVATION_SLACK_S
 
-    def _refusal(self, rule: Rule, result: ReserveResult) -> RateLimited:
+    def _refusal(self, rule: Rule, result: ReserveResult, counted: str) -> RateLimited:
         self.rejections.labels(rule.reason).inc()
         c, current = rule.claim, result.current
         what = {
@@ -150,7 +178,8 @@ class Budgets:
         message = (
             f"{scope} exceeded ({rule.reason}): the limit is {c.limit} {what}; {current} are "
             "used or "
-            f"reserved and this request needs {c.amount}."
+            f"reserved and this request needs {c.amount}"
+            + (f" (its prompt {counted})." if rule.kind == "tokens" else ".")
         )
         fits_at_all = c.limit is not None and c.amount <= c.limit
         retry = rule.retry_after
@@ -256,6 +285,10 @@ class Budgets:
         )
         err.should_retry = False
         raise err
+
+
+def _counted(ctx: RequestContext) -> str:
+    return described(ctx.contract.prompt_source if ctx.contract is not None else "estimate")
 
 
 def _kept(rule: Rule, ctx: RequestContext, worst: int) -> int:

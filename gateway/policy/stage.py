@@ -42,6 +42,7 @@ from gateway.policy.tokens import (
     LocalTokenizerCounter,
     TokenCount,
     TokenCounter,
+    described,
 )
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.request.context import Contract, Isolation, RequestContext
@@ -218,6 +219,21 @@ class PolicyStage:
         _check_limits(contract, req, counted, _max_model_len(replicas))
         self._counted(contract, counted)
 
+    async def count_exactly(self, ctx: RequestContext) -> bool:
+        """Count an estimated prompt exactly (the engine's count, cached) and
+        keep the count when it is exact; whether it was. A token budget about
+        to refuse on an estimate asks first (`Budgets`)."""
+        contract, req = ctx.contract, ctx.request
+        if contract is None or req is None or contract.prompt_source != "estimate":
+            return False
+        replicas = serving_replicas(self._registry, ctx.model)
+        exact = await self._engine.count(req, replicas, ctx.model)
+        if exact.source == "fallback":
+            return False
+        self.metrics.token_counts_by(exact.source).inc()
+        contract.prompt_tokens, contract.prompt_source = exact.tokens, exact.source
+        return True
+
     def _counted(self, contract: Contract, counted: TokenCount) -> None:
         self.metrics.token_counts_by(counted.source).inc()
         if contract.clamped_from is not None:
@@ -228,7 +244,8 @@ def _check_limits(
     contract: Contract, req: ParsedRequest, counted: TokenCount, max_model_len: int | None
 ) -> None:
     contract.prompt_tokens = counted.tokens
-    how = _how(counted)
+    contract.prompt_source = counted.source
+    how = described(counted.source)
     _check_input(contract, req, how)
     contract.choices = _choices(contract, req)
     contract.output_limit = _output_limit(contract, req, max_model_len, how)
@@ -242,15 +259,6 @@ def _fits(
     except ContextLengthExceeded:
         return False
     return True
-
-
-def _how(counted: TokenCount) -> str:
-    """How the count in a refusal was made, as the error message says it."""
-    if counted.source in ("engine", "cache"):
-        return "counted by the engine"
-    if counted.source == "tokenizer":
-        return "counted by the tokenizer"
-    return "estimated"
 
 
 def _true_floor(counter: TokenCounter, req: ParsedRequest) -> int:

@@ -155,6 +155,15 @@ class TokenCount:
     source: str  # estimate | engine | cache | fallback | tokenizer
 
 
+def described(source: str) -> str:
+    """How a count of this `TokenCount.source` was made, as error messages say it."""
+    if source in ("engine", "cache"):
+        return "counted by the engine"
+    if source == "tokenizer":
+        return "counted by the tokenizer"
+    return "estimated"
+
+
 class TokenCounter(Protocol):
     async def count(
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None

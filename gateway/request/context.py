@@ -63,6 +63,8 @@ class Contract:
 
     policy: Policy
     prompt_tokens: int | None = None
+    #: how `prompt_tokens` was counted (`TokenCount.source`: estimate, engine, cache, ...)
+    prompt_source: str = "estimate"
     output_limit: int | None = None
     #: the model name forwarded when the policy maps an alias (None: the client's)
     model: str | None = None

@@ -45,7 +45,13 @@ name: default
 limits: {default_output_tokens: 16}
 """,
 }
-KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789", "carol": "sk-carol-0123456789"}
+KEYS = {
+    "alice": "sk-alice-0123456789",
+    "bob": "sk-bob-0123456789",
+    "carol": "sk-carol-0123456789",
+    "dave": "sk-dave-0123456789",
+}
+DAVE_TOKENS_PER_MIN = 100
 
 
 def write_policies(directory: Path, files: dict[str, str]) -> None:
@@ -76,11 +82,13 @@ def gw(sim: SimCluster, policy_dir: Path) -> Iterator[RunningGateway]:
             ApiKeyConfig(tenant="alice", key=KEYS["alice"]),
             ApiKeyConfig(tenant="bob", sha256=hashlib.sha256(KEYS["bob"].encode()).hexdigest()),
             ApiKeyConfig(tenant="carol", key=KEYS["carol"]),
+            ApiKeyConfig(tenant="dave", key=KEYS["dave"]),
         ),
         tenants={
             "alice": TenantConfig(),
             "bob": TenantConfig(allowed_tasks=("chat",), default_task="chat"),
             "carol": TenantConfig(requests_per_min=2),
+            "dave": TenantConfig(tokens_per_min=DAVE_TOKENS_PER_MIN),
         },
         isolation_secret=SECRET,
     )
@@ -216,6 +224,25 @@ def test_estimate_far_over_the_window_is_refused_without_a_count(gw: RunningGate
     assert exc.value.code == "context_length_exceeded"
     assert "input tokens (estimated)." in exc.value.message
     assert token_counts(gw, "engine") == engine_counts
+
+
+def test_token_budget_counts_an_estimated_prompt_exactly_before_refusing(
+    gw: RunningGateway, sim: SimCluster
+) -> None:
+    # Dave's tokens per minute fit this request by the replica's count, not by the estimate
+    # (its template charge alone is 40 tokens): counted exactly, then served.
+    prompt = len(tokenize(render_chat(MSG, add_generation_prompt=True)))
+    output = DAVE_TOKENS_PER_MIN - prompt - 2
+    dave = client(gw, "dave")
+    raw = dave.chat.completions.with_raw_response.create(
+        model="sim-model", messages=MSG, max_tokens=output
+    )
+    assert raw.headers["x-gateway-input-tokens"] == str(prompt)
+    # The window now holds what that request used: the next one cannot fit even at the
+    # estimate's margin, so it is refused without a count, saying it was estimated.
+    with pytest.raises(openai.RateLimitError) as exc:
+        dave.chat.completions.create(model="sim-model", messages=MSG, max_tokens=output)
+    assert "(its prompt estimated)." in exc.value.message
 
 
 def test_engine_token_count_matches_replica(gw: RunningGateway, sim: SimCluster) -> None:
