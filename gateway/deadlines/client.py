@@ -16,14 +16,15 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Final
 
 from gateway.errors import InvalidDeadlineHeader
 from gateway.request.parsed import ClientDeadlines
 
 Clock = Callable[[], float]
 
-DEADLINE_HEADER = "x-request-deadline"
-TIMEOUT_HEADER = "x-request-timeout"
+DEADLINE_HEADER: Final = "x-request-deadline"
+TIMEOUT_HEADER: Final = "x-request-timeout"
 CLIENT_TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
 
 

@@ -34,7 +34,7 @@ from gateway.config.schema import GatewayConfig, TimeoutsConfig
 from gateway.deadlines.client import DEADLINE_HEADER, TIMEOUT_HEADER
 from gateway.errors import DeadlineExceeded, ShuttingDown
 from gateway.policies.policyset import Policy
-from gateway.request.context import Deadline, RequestContext
+from gateway.request.context import Deadline, DeadlineSource, RequestContext
 from gateway.request.parsed import ClientDeadlines
 from gateway.request.timer import RequestTimer
 
@@ -65,6 +65,7 @@ def resolve(ctx: RequestContext, cfg: GatewayConfig, mono: Clock = time.monotoni
     cap_s = max_s if max_s is not None else max(default_s, cfg.timeouts.total_s)
     # The earliest of: the client's header deadline (else the policy default),
     # the policy maximum; on a tie, the first named.
+    source: DeadlineSource
     if client.absolute is None and client.relative is None:
         when, source = ctx.received_at + default_s, "policy_default"
     else:
@@ -112,7 +113,7 @@ def _merged_timeouts(spec: Any, defaults: TimeoutsConfig) -> TimeoutsConfig:
     return dataclasses.replace(defaults, **{k: float(v) for k, v in given.items() if v is not None})
 
 
-def tighten(ctx: RequestContext, when: float, source: str) -> None:
+def tighten(ctx: RequestContext, when: float, source: DeadlineSource) -> None:
     """Move the deadline earlier (e.g. a session budget found after `resolve`),
     rescheduling the running timer if there is one."""
     d = ctx.deadline
@@ -127,12 +128,14 @@ def _loop_time(when: float) -> float:
     return asyncio.get_running_loop().time() + (when - time.monotonic())
 
 
-def _earliest(items: Sequence[tuple[float | None, str]]) -> tuple[float, str] | None:
+def _earliest(
+    items: Sequence[tuple[float | None, DeadlineSource]],
+) -> tuple[float, DeadlineSource] | None:
     present = [(when, src) for when, src in items if when is not None]
     return min(present, key=lambda item: item[0]) if present else None
 
 
-def timer_deadline(ctx: RequestContext) -> tuple[float, str]:
+def timer_deadline(ctx: RequestContext) -> tuple[float, DeadlineSource]:
     """The instant the exchange must stop now, and why."""
     d = ctx.deadline
     assert d is not None
@@ -157,7 +160,7 @@ def upstream_deadline_header(
     return f"{wall() + (when - mono()):.3f}"
 
 
-def deadline_error(ctx: RequestContext, source: str) -> DeadlineExceeded:
+def deadline_error(ctx: RequestContext, source: DeadlineSource) -> DeadlineExceeded:
     err = DeadlineExceeded(
         f"The request did not finish within its deadline ({source}); stage: {ctx.stage}."
     )

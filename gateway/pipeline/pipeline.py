@@ -87,30 +87,30 @@ class Pipeline:
             self._record.record(ctx)
 
     async def _answer(self, ctx: RequestContext, raw: bytes, send: Send) -> None:
-        """Run the request and answer it; sets `ctx.outcome`."""
+        """Run the request and answer it; sets `ctx.outcome` (`ctx.finish`)."""
         try:
             await self._run(ctx, raw, send)
         except GatewayError as err:
-            ctx.outcome = err.reason
+            ctx.finish("error", err.reason)
             if isinstance(err, DeadlineExceeded):
                 self._metrics.deadline_exceeded.labels(ctx.stage).inc()
             await self._fail(ctx, err, send)
         except asyncio.CancelledError:
-            ctx.outcome = "cancelled"
+            ctx.finish("cancelled")
             self._metrics.cancellations.labels(ctx.stage).inc()
             raise
         except OSError:
             # The client went away while we were sending (ASGI 2.4 send raises).
-            ctx.outcome = "cancelled"
+            ctx.finish("cancelled")
             self._metrics.cancellations.labels(ctx.stage).inc()
         except Exception as exc:  # a bug: the client still gets an answer, the log the details
             await self._internal_error(ctx, exc, send)
         else:
-            ctx.outcome = "ok"
+            ctx.finish("ok")
 
     async def _internal_error(self, ctx: RequestContext, exc: BaseException, send: Send) -> None:
         log.error("request %s failed in stage %s", ctx.request_id, ctx.stage, exc_info=exc)
-        ctx.outcome = "internal_error"
+        ctx.finish("error", "internal_error")
         await self._fail(ctx, GatewayError("Internal error; the request may be retried."), send)
 
     async def _run(self, ctx: RequestContext, raw: bytes, send: Send) -> None:

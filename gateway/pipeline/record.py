@@ -28,8 +28,8 @@ class Recorder:
         ctx.finished_at = time.monotonic()
         elapsed = ctx.finished_at - ctx.received_at
         m = self._metrics
-        m.requests_by(ctx.task, ctx.outcome).inc()
-        m.duration_by(ctx.task, ctx.outcome).observe(elapsed)
+        m.requests_by(ctx.task, ctx.outcome_label).inc()
+        m.duration_by(ctx.task, ctx.outcome_label).observe(elapsed)
         first_byte_at = ctx.first_byte_at
         if first_byte_at is not None:
             m.ttfb_by(ctx.task).observe(first_byte_at - ctx.received_at)
@@ -62,14 +62,13 @@ def access_fields(ctx: RequestContext, elapsed: float) -> dict[str, Any]:
     `outcome` label of the request metrics)."""
     usage = ctx.usage or Usage()
     first_byte_at = ctx.first_byte_at
-    failed = ctx.outcome not in ("ok", "cancelled")
     return {
         "id": ctx.request_id,
         "tenant": ctx.tenant,
         "task": ctx.task,
         "replica": ctx.replica.name if ctx.replica else None,
-        "outcome": "error" if failed else ctx.outcome,
-        "reason": ctx.outcome if failed else None,
+        "outcome": ctx.outcome,
+        "reason": ctx.reason,
         "status": ctx.upstream_status,
         "attempts": ctx.attempts,
         "stage": ctx.stage,

@@ -15,7 +15,8 @@
      ├── progress, replica,    the pipeline's dispatch loop (pipeline.pipeline)
      │   attempts
      ├── exchange: Exchange    forward (forward.forwarder): the current upstream exchange
-     └── outcome, finished_at  the pipeline, then its record (pipeline.record)
+     └── outcome, reason,      the pipeline (`finish`, once), then its record
+         finished_at           (pipeline.record)
 
 Later stages read what earlier ones wrote; no stage writes another's record.
 """
@@ -95,12 +96,24 @@ class Contract:
         return out
 
 
+#: Why the deadline falls when it does: the policy's default or maximum, the
+#: client's header, the SDK's own timeout (bounds the start), the session's budget.
+DeadlineSource = Literal[
+    "policy_default",
+    "policy_max",
+    "x-request-deadline",
+    "x-request-timeout",
+    "x-stainless-timeout",
+    "session",
+]
+
+
 @dataclass(slots=True, eq=False)
 class Deadline:
     """Deadlines: the request's bound (a `time.monotonic()` instant) and timeouts."""
 
     at: float
-    source: str
+    source: DeadlineSource
     timeouts: TimeoutsConfig
     #: the response must start by then (the client SDK's timeout), if earlier than `at`
     start_at: float | None = None
@@ -181,6 +194,11 @@ class Usage:
 
 ExchangePhase = Literal["waiting_first_byte", "streaming"]
 Progress = Literal["ingress", "routing", "queued"]
+#: Where a request is (the `stage` label): the dispatch loop's progress, then the exchange's phase.
+Stage = Literal["ingress", "routing", "queued", "waiting_first_byte", "streaming"]
+#: How a request ended ("pending" until the pipeline answered it); an error's
+#: reason (`GatewayError.reason`) is `RequestContext.reason`.
+Outcome = Literal["pending", "ok", "error", "cancelled"]
 
 
 @dataclass(slots=True, eq=False)
@@ -215,8 +233,22 @@ class RequestContext:
     replica: Replica | None = None
     attempts: int = 0
     exchange: Exchange | None = None
-    outcome: str = "pending"
+    outcome: Outcome = "pending"
+    #: the error's reason when `outcome` is "error" ("internal_error" for a bug)
+    reason: str | None = None
     finished_at: float | None = None
+
+    def finish(self, outcome: Outcome, reason: str | None = None) -> None:
+        """Set how the request ended (the pipeline, once it answered): `reason`
+        is required for an error and refused otherwise."""
+        if (outcome == "error") != (reason is not None) or outcome == "pending":
+            raise ValueError(f"outcome {outcome!r} with reason {reason!r}")
+        self.outcome, self.reason = outcome, reason
+
+    @property
+    def outcome_label(self) -> str:
+        """The `outcome` label of the request metrics: the error's reason, else the outcome."""
+        return self.reason if self.reason is not None else self.outcome
 
     # --- read-only views over the records --------------------------------
 
@@ -276,7 +308,7 @@ class RequestContext:
         return contract.choices if contract is not None else 1
 
     @property
-    def stage(self) -> str:
+    def stage(self) -> Stage:
         """Where the request is: ingress, routing, queued, waiting_first_byte, streaming."""
         exchange = self.exchange
         return exchange.phase if exchange is not None else self.progress
