@@ -19,6 +19,7 @@ The resolver is injected (`Resolver`): the gateway's is `resolve_host`
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import socket
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from gateway.config.discovery import DiscoveryConfig
 from gateway.config.schema import ReplicaConfig
 from gateway.replicas.registry import ReplicaRegistry
+from gateway.supervise import Supervisor
 
 log = logging.getLogger("gateway.replicas.discovery")
 
@@ -72,21 +74,17 @@ class DnsDiscovery:
         #: per entry: address → the name of its replica
         self._found: dict[str, dict[str, str]] = {e.name: {} for e in self._entries}
         self._clashes: set[str] = set()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._supervisor = Supervisor("discovery")
 
     async def refresh_all(self) -> None:
         await asyncio.gather(*(self.refresh(e) for e in self._entries))
 
     async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._loop(e), name=f"discovery:{e.name}") for e in self._entries
-        ]
+        for e in self._entries:
+            self._supervisor.spawn(e.name, functools.partial(self._loop, e))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await self._supervisor.stop()
 
     async def _loop(self, entry: DiscoveryConfig) -> None:
         while True:

@@ -1,5 +1,8 @@
 """One background task per replica (health checks, live-state polls), kept in
 step with a replica set that changes at run time (`gateway.replicas.discovery`).
+
+The tasks run under a `gateway.supervise.Supervisor`: a round that raises is
+logged with its traceback and the task restarted after a backoff.
 """
 
 from __future__ import annotations
@@ -7,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Generic, Protocol, TypeVar
+
+from gateway.supervise import Supervisor
 
 
 class Named(Protocol):
@@ -22,10 +27,9 @@ class ReplicaTasks(Generic[R]):
     run its first round at once (a replica that joined at run time)."""
 
     def __init__(self, label: str, body: Callable[[R, bool], Coroutine[Any, Any, None]]) -> None:
-        self._label = label
         self._body = body
+        self._supervisor = Supervisor(label)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._ending: set[asyncio.Task[None]] = set()
         self._running = False
 
     def start(self, replicas: Iterable[R]) -> None:
@@ -43,21 +47,22 @@ class ReplicaTasks(Generic[R]):
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
-            self._ending.add(task)
-            task.add_done_callback(self._ending.discard)
 
     async def stop(self) -> None:
         self._running = False
-        tasks = [*self._tasks.values(), *self._ending]
         self._tasks.clear()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._supervisor.stop()
 
     def __len__(self) -> int:
         return len(self._tasks)
 
     def _spawn(self, replica: R, *, first_now: bool) -> None:
-        self._tasks[replica.name] = asyncio.create_task(
-            self._body(replica, first_now), name=f"{self._label}:{replica.name}"
-        )
+        runs = 0
+
+        def run() -> Coroutine[Any, Any, None]:
+            # Only the first run may start at once: a restart waits its interval.
+            nonlocal runs
+            runs += 1
+            return self._body(replica, first_now and runs == 1)
+
+        self._tasks[replica.name] = self._supervisor.spawn(replica.name, run)

@@ -36,6 +36,7 @@ from gateway.state.base import (
     StateStore,
     StoreUnavailable,
 )
+from gateway.supervise import Supervisor
 
 if TYPE_CHECKING:
     from gateway.observability.metrics import GatewayMetrics
@@ -84,6 +85,7 @@ class FailoverStore:
         # Bumped on every transition: a failure of a call that started before the
         # store came back does not switch it off again.
         self._epoch = 0
+        self._tasks = Supervisor("state-store")
         self._probe: asyncio.Task[None] | None = None
         self._finishing: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -105,9 +107,7 @@ class FailoverStore:
         raises for an unreachable store: the gateway starts in its failure mode."""
         await self._check()
         if self._probe is None:
-            self._probe = asyncio.get_running_loop().create_task(
-                self._probe_loop(), name="state-store-probe"
-            )
+            self._probe = self._tasks.spawn("probe", self._probe_loop)
 
     async def close(self) -> None:
         self._closing = True

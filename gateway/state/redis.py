@@ -30,6 +30,7 @@ from redis.crc import key_slot
 
 from gateway.state.base import Claim, Reservation, ReserveResult, Stamp, StoreUnavailable
 from gateway.state.redis_client import Client, connect
+from gateway.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class RedisStateStore:
         self._ids = itertools.count(1)
         # Reservations this instance renews: id -> (reservation, local deadline).
         self._live: dict[str, tuple[Reservation, float]] = {}
+        self._tasks = Supervisor("redis-state")
         self._renewer: asyncio.Task[None] | None = None
         self._closed = False
         self._slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
@@ -296,9 +298,7 @@ class RedisStateStore:
     def _track(self, reservation: Reservation, deadline: float) -> None:
         self._live[reservation.id] = (reservation, deadline)
         if self._renewer is None and not self._closed:
-            self._renewer = asyncio.get_running_loop().create_task(
-                self._renew_loop(), name="redis-state-renewer"
-            )
+            self._renewer = self._tasks.spawn("renewer", self._renew_loop)
 
     async def _renew_loop(self) -> None:
         while True:

@@ -4,6 +4,7 @@ join, leave (leaving, then removed once idle), come back, failures keep the set.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -201,3 +202,35 @@ def test_serve_accepts_discovery_without_static_replicas(tmp_path: Path) -> None
     neither.write_text("log_format: json\n")
     with pytest.raises(ConfigError, match="discovery"):
         _serve_config(_build_parser().parse_args(["serve", "--config", str(neither)]))
+
+
+def test_a_crashed_round_is_logged_and_the_loop_restarted(caplog: pytest.LogCaptureFixture) -> None:
+    class Crashy(StubDns):
+        async def resolve(self, host: str, port: int) -> Sequence[str]:
+            if not self.asked:
+                self.asked.append((host, port))
+                raise RuntimeError("a bug in a resolver")
+            return await super().resolve(host, port)
+
+    async def scenario() -> list[str]:
+        dns = Crashy("10.0.0.1")
+        registry = ReplicaRegistry(())
+        entry = DiscoveryConfig(
+            name="vllm", host="h", port=8000, interval_s=0.01, resolve_timeout_s=0.01
+        )
+        disc = DnsDiscovery([entry], registry, resolver=dns.resolve)
+        await disc.start()
+        try:
+            for _ in range(200):  # the restart waits 0.1 s
+                if len(registry):
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await disc.stop()
+        return _names(registry)
+
+    with caplog.at_level(logging.ERROR, "gateway.supervise"):
+        assert asyncio.run(scenario()) == ["vllm-10.0.0.1:8000"]
+    crashes = [r for r in caplog.records if "crashed" in r.getMessage()]
+    assert len(crashes) == 1 and "discovery" in crashes[0].getMessage()
+    assert crashes[0].exc_info is not None
