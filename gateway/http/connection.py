@@ -40,6 +40,7 @@ import socket
 from collections import deque
 from typing import Final, cast
 
+from gateway.http.app_call import run_app
 from gateway.http.asgi import Scope
 from gateway.http.conn_timer import BODY, IDLE, ConnectionTimer
 from gateway.http.exchange import BODY_HIGH_WATER, Exchange
@@ -212,7 +213,7 @@ class HttpConnection(asyncio.Protocol):
     def _start(self, exchange: Exchange) -> None:
         self._current = exchange
         self._timer.busy()
-        task = exchange.task = self.loop.create_task(exchange.run(self.state.app))
+        task = exchange.task = self.loop.create_task(run_app(exchange, self.state.app))
         self.state.tasks.add(task)
 
     def response_done(self, exchange: Exchange) -> None:

@@ -1,7 +1,8 @@
 """One request/response exchange of the lean HTTP/1.1 server (`gateway.http.server`).
 
 An `Exchange` is created when a request head is complete; its bound `receive`
-and `send` are what the ASGI app is called with, in one task (`run`).
+and `send` are what the ASGI app is called with, in one task
+(`gateway.http.app_call.run_app`).
 
 Request body: the connection feeds body chunks in; `receive()` hands out what
 is buffered (one `http.request` message per call), then blocks until the
@@ -33,9 +34,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from gateway.http.asgi import DISCONNECT_EXTENSION, ASGIApp, ClientDisconnected, Message, Scope
+from gateway.http.asgi import DISCONNECT_EXTENSION, ClientDisconnected, Message, Scope
 from gateway.http.response_head import encode_head
-from gateway.http.responses import error_response
 from gateway.http.server_state import ServerState
 
 __all__ = [
@@ -338,78 +338,4 @@ class Exchange:
             self.started = False
             return
         self.complete = True
-        self.conn.response_done(self)
-
-    # --- the app call --------------------------------------------------------------------
-
-    async def run(self, app: ASGIApp) -> None:
-        try:
-            await app(self.scope, self.receive, self.send)
-        except asyncio.CancelledError:
-            if not self.complete:
-                self._cancelled()
-            raise
-        except Exception as exc:
-            if self.disconnected:
-                log.debug("ASGI app error after the client disconnected: %r", exc)
-            else:
-                log.error(
-                    "Exception in ASGI application (%s %s)",
-                    self.scope["method"],
-                    self.scope["path"],
-                    exc_info=exc,
-                )
-            self._abandon()
-        else:
-            if not self.complete:
-                if not self.disconnected:
-                    log.error(
-                        "ASGI app returned without completing the response (%s %s)",
-                        self.scope["method"],
-                        self.scope["path"],
-                    )
-                self._abandon()
-        finally:
-            if self.task is not None:
-                self.conn.state.tasks.discard(self.task)
-                self.task = None
-            # The disconnect extension is a bound method of this exchange, held by its
-            # scope: without this, exchange → scope → extension → exchange is a cycle
-            # (with the task, its context and the scope hanging off it) that only the
-            # cyclic GC frees, ~15 objects per request.
-            self.scope["extensions"] = {}
-
-    def _cancelled(self) -> None:
-        """The app's task was cancelled before its response was complete: unless
-        the client is gone, it still gets an answer (a 503 to retry, if nothing
-        went out yet) and the log says so."""
-        if not self.disconnected:
-            log.warning(
-                "request cancelled before its response was complete (%s %s)%s",
-                self.scope["method"],
-                self.scope["path"],
-                "" if self.head_sent else ": answered 503",
-            )
-        self._abandon(503, "The request was cancelled; retry it.", "request_cancelled")
-
-    def _abandon(
-        self,
-        status: int = 500,
-        message: str = "Internal server error",
-        code: str = "internal_error",
-    ) -> None:
-        """The app ended without a complete response: a 500 if nothing went out, else close."""
-        if self.complete:
-            return
-        self.complete = True
-        self.keep_alive = False
-        if self.body_flush is not None:
-            self.body_flush.cancel()
-            self.body_flush = None
-        if not self.head_sent and not self.disconnected:
-            self.head = None
-            state = self.conn.state
-            self.transport.write(
-                error_response(state.render_error, status, message, code, state.date_line)
-            )
         self.conn.response_done(self)

@@ -20,13 +20,13 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Self, cast
+from typing import Any, Literal, Self
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.http.responses import ErrorRenderer, json_error
 from gateway.http.server import LeanServer
+from gateway.http.uvicorn_writes import CoalescingProtocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,57 +127,6 @@ def bind_listeners(listeners: Sequence[Listener]) -> list[socket.socket]:
     return bound
 
 
-class _HeadWithBody:
-    """A transport view that sends a response head together with the body that
-    follows it in the same event-loop turn: uvicorn writes the head on
-    `http.response.start` and the body on `http.response.body`, two socket
-    writes (and two TCP segments) for every non-streaming answer. A head
-    is held until the body's write or the end of the turn, whichever comes
-    first (a stream's head goes out alone, before its first event); every
-    other write passes straight through."""
-
-    __slots__ = ("_head", "_loop", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._head: bytes | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        head = self._head
-        if head is not None:
-            self._head = None
-            self._transport.write(head + bytes(data))
-        elif data[:5] == b"HTTP/":
-            self._head = bytes(data)
-            self._loop.call_soon(self.flush)
-        else:
-            self._transport.write(data)
-
-    def flush(self) -> None:
-        head, self._head = self._head, None
-        if head is not None:
-            self._transport.write(head)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class _Protocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through `_HeadWithBody`."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.transport = cast(asyncio.Transport, _HeadWithBody(transport, self.loop))
-
-
 class _QuietServer(uvicorn.Server):
     """uvicorn leaving the signals to whoever runs it (`serve_all`)."""
 
@@ -216,7 +165,7 @@ def _make_server(
         server_header=False,
         lifespan="on",
         loop="asyncio",
-        http=_Protocol,
+        http=CoalescingProtocol,
         timeout_graceful_shutdown=max(1, math.ceil(listener.graceful_timeout)),
     )
     return uvicorn.Server(config) if capture_signals else _QuietServer(config)

@@ -6,7 +6,8 @@ import asyncio
 import socket
 from typing import Any
 
-from gateway.http.serving import BackgroundServers, Listener, _HeadWithBody, free_port
+from gateway.http.serving import BackgroundServers, Listener, free_port
+from gateway.http.uvicorn_writes import HeadWithBody
 from tests.http.lifespan import run_lifespan
 
 
@@ -33,7 +34,7 @@ def test_head_and_body_of_one_turn_make_one_write_and_stream_chunks_pass_through
         loop = asyncio.get_running_loop()
         out = []
         rec = _Recorder()
-        t = _HeadWithBody(rec, loop)  # type: ignore[arg-type]
+        t = HeadWithBody(rec, loop)  # type: ignore[arg-type]
         t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
         assert rec.writes == []
         t.write(b"hi")
