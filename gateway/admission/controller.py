@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.admission.demand import DemandEstimator
+from gateway.admission.demand import DemandEstimator, identity
 from gateway.admission.ledger import Demand, Lease, Limits, SharedLease, claims
 from gateway.admission.limits import replica_limits
 from gateway.admission.metrics import AdmissionMetrics
@@ -87,7 +87,9 @@ class AdmissionController:
         self._repump = False
         if metrics is not None:
             metrics.watch(
-                registry, lambda: [(c, st.length, st.tokens) for c, st in self.queue.stats.items()]
+                registry,
+                lambda: [(c, st.length, st.tokens) for c, st in self.queue.stats.items()],
+                self.estimator.ratios.items,
             )
 
     @property
@@ -116,6 +118,7 @@ class AdmissionController:
 
     def replica_removed(self, replica: Replica) -> None:
         self.trackers.pop(replica.name, None)
+        self.estimator.ratios.forget(replica.name)
         self.kick()
 
     def on_update(self, replica: Replica) -> None:
@@ -124,6 +127,7 @@ class AdmissionController:
         tracker = self.trackers.get(replica.name)
         if tracker is not None:
             replica.ledger.live = tracker.state
+        self.estimator.ratios.identify(replica.name, identity(replica))
         self.kick()
 
     # --- acquire ------------------------------------------------------------
@@ -392,4 +396,5 @@ class AdmissionController:
                 }
                 for c, st in self.queue.stats.items()
             },
+            "prompt_ratios": self.estimator.ratios.describe(),
         }

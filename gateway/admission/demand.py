@@ -1,7 +1,10 @@
 """What a request will cost a replica, in tokens (`Demand`).
 
-- prompt tokens: `ctx.contract.prompt_tokens` (set by the policy stage from a real
-  count), else an estimate of UTF-8 bytes / `admission.chars_per_token`.
+- prompt tokens: `ctx.contract.prompt_tokens` (set by the policy stage), else an
+  estimate of UTF-8 bytes / `admission.chars_per_token`. An estimated prompt is
+  corrected on each replica by the ratio learned there for the model
+  (`gateway/policy/learned.py`: the p90 of engine count / estimate), once
+  enough answered requests taught it.
 - reserved output: the request's output limit (`ctx.contract.output_limit`, else the
   client's `max_tokens`, else `admission.default_output_tokens`), or in
   `learned` mode a high quantile of the task's recent actual outputs,
@@ -18,6 +21,8 @@ from collections import deque
 from gateway.admission.ledger import Demand
 from gateway.config.schema import AdmissionConfig
 from gateway.ingress.protocol import prompt_parts
+from gateway.policy.learned import Identity, PromptRatios
+from gateway.replicas.registry import Replica
 from gateway.request.context import RequestContext
 
 _WINDOW = 512
@@ -62,6 +67,7 @@ class DemandEstimator:
     def __init__(self, cfg: AdmissionConfig) -> None:
         self._cfg = cfg
         self.learner = OutputLearner(cfg.learned_quantile, cfg.learned_min_samples)
+        self.ratios = PromptRatios()
 
     def prompt_tokens(self, ctx: RequestContext) -> int:
         if ctx.prompt_tokens is not None:
@@ -90,12 +96,30 @@ class DemandEstimator:
 
     def demand(self, ctx: RequestContext, replica: str | None = None) -> Demand:
         prompt = self.prompt_tokens(ctx)
+        contract = ctx.contract
+        if replica is not None and contract is not None and contract.prompt_source == "estimate":
+            prompt = self.ratios.corrected(replica, ctx.model or "", prompt)
         cached = ctx.routing.cached_tokens.get(replica, 0) if replica is not None else 0
         output = self.reserved_output(ctx) * ctx.choices  # every sequence holds its own output
         return Demand(prompt, output, max(0, prompt - min(cached, prompt)))
 
     def learn(self, ctx: RequestContext) -> None:
-        out = ctx.usage.completion_tokens if ctx.usage is not None else None
+        usage = ctx.usage
+        out = usage.completion_tokens if usage is not None else None
         if out is not None:
             # usage counts every sequence; the quantile is per sequence
             self.learner.record(ctx.task, -(-out // ctx.choices))
+        contract, replica = ctx.contract, ctx.replica
+        actual = usage.prompt_tokens if usage is not None else None
+        if actual is None or contract is None or replica is None:
+            return
+        if contract.prompt_source == "estimate" and contract.prompt_tokens:
+            model = ctx.model or ""
+            self.ratios.record(
+                replica.name, identity(replica), model, contract.prompt_tokens, actual
+            )
+
+
+def identity(replica: Replica) -> Identity:
+    """What a learned ratio depends on: the engine kind and the models listed."""
+    return (replica.kind, *sorted(str(m.get("id")) for m in replica.models))

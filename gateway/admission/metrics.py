@@ -5,8 +5,9 @@ Per class: `gateway_admission_admitted_total`, `gateway_admission_rejected_total
 `gateway_admission_queue_length` and `_queue_tokens`.
 Per replica: `gateway_replica_kv_capacity_tokens`, `_kv_used_tokens`
 (metrics view), `_kv_leased_tokens` (ledger view), `_prefill_backlog_tokens`,
-`_prefill_tokens_per_second`, `_live_healthy`, `_live_stale`. Gauges are
-read from the live state at scrape time (a collector), so they never lag.
+`_prefill_tokens_per_second`, `_live_healthy`, `_live_stale`, and per replica and
+model `gateway_replica_prompt_ratio` (the learned engine count / estimate, once it
+applies). Gauges are read at scrape time (a collector), so they never lag.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gateway.replicas.registry import Replica
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 QueueView = Callable[[], Iterable[tuple[str, int, int]]]  # (class, length, tokens)
+RatioView = Callable[[], Iterable[tuple[str, str, float]]]  # (replica, model, ratio)
 
 _REPLICA_GAUGES: tuple[tuple[str, str, Callable[[LiveState], float | None]], ...] = (
     ("kv_capacity_tokens", "KV cache capacity in tokens.", lambda s: s.capacity_tokens),
@@ -78,15 +80,16 @@ class AdmissionMetrics:
         self.queue_wait_by = Children(self.queue_wait)
         self._registry = registry
 
-    def watch(self, replicas: Iterable[Replica], queue: QueueView) -> None:
+    def watch(self, replicas: Iterable[Replica], queue: QueueView, ratios: RatioView) -> None:
         """`replicas` is read at every scrape (the set may change at run time)."""
-        self._registry.register(_LiveCollector(replicas, queue))
+        self._registry.register(_LiveCollector(replicas, queue, ratios))
 
 
 class _LiveCollector(Collector):
-    def __init__(self, replicas: Iterable[Replica], queue: QueueView) -> None:
+    def __init__(self, replicas: Iterable[Replica], queue: QueueView, ratios: RatioView) -> None:
         self._replicas = replicas
         self._queue = queue
+        self._ratios = ratios
 
     def collect(self) -> Iterator[Metric]:
         for name, doc, get in _REPLICA_GAUGES:
@@ -107,3 +110,11 @@ class _LiveCollector(Collector):
             tokens.add_metric([cls], t)
         yield length
         yield tokens
+        ratio = GaugeMetricFamily(
+            "gateway_replica_prompt_ratio",
+            "Learned engine prompt count / estimate (the p90), once it applies.",
+            labels=["replica", "model"],
+        )
+        for replica, model, value in self._ratios():
+            ratio.add_metric([replica, model], value)
+        yield ratio

@@ -83,3 +83,18 @@ def test_an_unknown_reservation_mode_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_policy_set(str(tmp_path))
     assert any("agent.yaml.output_reservation" in p for p in exc.value.problems)
+
+
+def test_an_estimated_prompt_is_leased_at_the_ratio_learned_on_the_replica() -> None:
+    from gateway.policy.learned import MIN_SAMPLES
+
+    est = DemandEstimator(AdmissionConfig())
+    ctx = make_ctx(prompt=1000, output=10)
+    assert ctx.contract is not None and ctx.contract.prompt_source == "estimate"
+    for _ in range(MIN_SAMPLES):
+        est.ratios.record("a", ("vllm", "m"), "m", 1000, 550)
+    assert est.demand(ctx, "a").prompt_tokens == 550
+    assert est.demand(ctx, "b").prompt_tokens == 1000  # nothing learned there
+    assert est.demand(ctx).prompt_tokens == 1000
+    ctx.contract.prompt_source = "engine"  # an exact count is leased as it is
+    assert est.demand(ctx, "a").prompt_tokens == 1000

@@ -290,6 +290,36 @@ def test_prompt_under_the_window_by_real_count_is_served(
         assert f"resulted in {over_count} input tokens (counted by the engine)" in message
 
 
+def _chat_ratio(c: httpx.Client, messages: Any) -> float:
+    body = {"model": MODEL, "messages": messages}
+    return _chat_count(c, messages) / estimate_request(
+        parse_request("chat", json.dumps(body).encode())
+    )
+
+
+def test_learned_prompt_ratio_converges_to_the_engines_within_50_requests(
+    llama_servers: list[str], llama_reset: Reset
+) -> None:
+    rng = random.Random(26)
+
+    def chat(seed: int) -> Any:
+        return [{"role": "user", "content": text_of(rng.randint(10, 200), seed)}]
+
+    # The real ratio: the p90 of engine count / estimate over prompts the gateway never saw.
+    with httpx.Client(base_url=llama_servers[0], timeout=30) as c:
+        held_out = sorted(_chat_ratio(c, chat(1000 + i)) for i in range(40))
+    real = held_out[int(0.9 * len(held_out))]
+    with llama_gateway(llama_servers[:1]) as gw, gw.openai() as client:
+        for i in range(50):
+            client.chat.completions.create(model=MODEL, messages=chat(i), max_tokens=1)
+        (learned,) = gw.admin("/admin/replicas")["admission"]["prompt_ratios"].values()
+        scraped = gw.metrics_text()
+    assert learned[MODEL]["samples"] == 50
+    ratio = learned[MODEL]["ratio"]
+    assert ratio is not None and abs(ratio - real) <= 0.1 * real, (ratio, real)
+    assert f'gateway_replica_prompt_ratio{{model="{MODEL}",replica=' in scraped
+
+
 def _upstream_attempts(gw: RunningGateway) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
