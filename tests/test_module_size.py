@@ -15,10 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 
 #: Modules over the limit, and the lines each may have until it is split.
-OVERSIZE: dict[str, int] = {
-    # token counting and the budgets' exact recount are changing here: split it next
-    "gateway/policy/stage.py": 440,
-}
+OVERSIZE: dict[str, int] = {}
 
 
 def _lines(path: Path) -> int:

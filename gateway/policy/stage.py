@@ -28,12 +28,13 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway.config.decode import ConfigError
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
-from gateway.errors import BadRequest, ContextLengthExceeded, Forbidden, UnknownTask
+from gateway.errors import ContextLengthExceeded, Forbidden, UnknownTask
 from gateway.forward.upstream import UpstreamClient
 from gateway.observability.cells import LockFreeCounter
 from gateway.observability.metrics import Children
 from gateway.policies.policyset import Policy, PolicySet, load_policy_set
 from gateway.policy.estimate import MAX_OVERCOUNT
+from gateway.policy.limits import check_floor, check_limits, fits, true_floor
 from gateway.policy.tokens import (
     LRU,
     OFFLOAD_BYTES,
@@ -42,15 +43,12 @@ from gateway.policy.tokens import (
     LocalTokenizerCounter,
     TokenCount,
     TokenCounter,
-    described,
 )
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.request.context import Contract, Isolation, RequestContext
 from gateway.request.parsed import ParsedRequest
 
 log = logging.getLogger("gateway.policy.stage")
-
-FALLBACK_OUTPUT_TOKENS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +174,7 @@ class PolicyStage:
         replicas = serving_replicas(self._registry, ctx.model)
         counter = active.counters[policy.name]
         if req.size >= OFFLOAD_BYTES:
-            _check_floor(contract, req, _true_floor(counter, req), _max_model_len(replicas))
+            check_floor(contract, req, true_floor(counter, req), _max_model_len(replicas))
         counted = counter.count_now(req, replicas, ctx.model)
         if not isinstance(counted, TokenCount):
             return self._limit_when_counted(contract, req, replicas, counted)
@@ -202,10 +200,10 @@ class PolicyStage:
         decides on that."""
         max_model_len = _max_model_len(replicas)
         try:
-            _check_limits(contract, req, counted, max_model_len)
+            check_limits(contract, req, counted, max_model_len)
         except ContextLengthExceeded:
             lower = TokenCount(math.ceil(counted.tokens / MAX_OVERCOUNT), counted.source)
-            if counted.source != "estimate" or not _fits(contract, req, lower, max_model_len):
+            if counted.source != "estimate" or not fits(contract, req, lower, max_model_len):
                 raise
             return self._limit_exactly(contract, req, replicas, counted)
         self._counted(contract, counted)
@@ -216,7 +214,7 @@ class PolicyStage:
     ) -> None:
         exact = await self._engine.count(req, replicas, contract.model or req.model)
         counted = estimate if exact.source == "fallback" else exact
-        _check_limits(contract, req, counted, _max_model_len(replicas))
+        check_limits(contract, req, counted, _max_model_len(replicas))
         self._counted(contract, counted)
 
     async def count_exactly(self, ctx: RequestContext) -> bool:
@@ -238,34 +236,6 @@ class PolicyStage:
         self.metrics.token_counts_by(counted.source).inc()
         if contract.clamped_from is not None:
             self.metrics.output_clamped.labels(contract.policy.name).inc()
-
-
-def _check_limits(
-    contract: Contract, req: ParsedRequest, counted: TokenCount, max_model_len: int | None
-) -> None:
-    contract.prompt_tokens = counted.tokens
-    contract.prompt_source = counted.source
-    how = described(counted.source)
-    _check_input(contract, req, how)
-    contract.choices = _choices(contract, req)
-    contract.output_limit = _output_limit(contract, req, max_model_len, how)
-
-
-def _fits(
-    contract: Contract, req: ParsedRequest, counted: TokenCount, max_model_len: int | None
-) -> bool:
-    try:
-        _check_limits(contract, req, counted, max_model_len)
-    except ContextLengthExceeded:
-        return False
-    return True
-
-
-def _true_floor(counter: TokenCounter, req: ParsedRequest) -> int:
-    """A lower bound of the prompt's real count: an estimate's own floor is
-    only a floor of the estimate, which over-counts by up to `MAX_OVERCOUNT`."""
-    floor = counter.floor(req)
-    return math.ceil(floor / MAX_OVERCOUNT) if isinstance(counter, EstimateCounter) else floor
 
 
 def resolve(
@@ -319,117 +289,3 @@ def _isolation(tenant: str | None, secret: str) -> Isolation:
     """The tenant's salt in place of any the client sent; without auth (one
     tenant) none."""
     return Isolation(tenant_salt(secret, tenant) if tenant is not None and secret else None)
-
-
-def _input_param(req: ParsedRequest) -> str:
-    return "messages" if req.endpoint == "chat" else "prompt"
-
-
-def _check_input(contract: Contract, req: ParsedRequest, how: str) -> None:
-    policy = contract.policy
-    limit, tokens = policy.limits.max_input_tokens, contract.prompt_tokens or 0
-    if limit is not None and tokens > limit:
-        raise ContextLengthExceeded(
-            f"The input of this request is {tokens} tokens ({how}), over the {limit}-token input "
-            "limit of "
-            f"task '{policy.name}'. Please reduce the length of the {_input_param(req)}.",
-            param=_input_param(req),
-        )
-
-
-def _check_floor(
-    contract: Contract, req: ParsedRequest, floor: int, max_model_len: int | None
-) -> None:
-    """Refuse, before it is counted, a prompt that is over the input limit or
-    the context even at its counter's lower bound (`TokenCounter.floor`): the
-    answer the count would give, without the count (estimating a
-    30 MB prompt held the event loop for seconds)."""
-    policy, param = contract.policy, _input_param(req)
-    limit = policy.limits.max_input_tokens
-    if limit is not None and floor > limit:
-        raise ContextLengthExceeded(
-            f"The input of this request is at least {floor} tokens, over the {limit}-token input "
-            f"limit of task '{policy.name}'. Please reduce the length of the {param}.",
-            param=param,
-        )
-    if max_model_len is not None and floor >= max_model_len:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"{param} resulted in at least {floor} input tokens.",
-            param=param,
-        )
-
-
-def _choices(contract: Contract, req: ParsedRequest) -> int:
-    """`n` (and vLLM's `best_of`, which generates that many): an integer from 1
-    to the policy's `limits.max_n`. Every sequence holds KV and output tokens,
-    so reservations and budgets count all of them."""
-    most = 1
-    for name in ("n", "best_of"):
-        value = req.body.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise BadRequest(
-                f"'{name}' must be an integer, got {type(value).__name__}.",
-                param=name,
-                code="invalid_type",
-            )
-        limit = contract.policy.limits.max_n
-        if not 1 <= value <= limit:
-            raise BadRequest(
-                f"'{name}' is {value}; task '{contract.policy.name}' allows 1 to {limit}.",
-                param=name,
-                code="invalid_value",
-            )
-        most = max(most, value)
-    return most
-
-
-def _output_limit(
-    contract: Contract, req: ParsedRequest, max_model_len: int | None, how: str
-) -> int:
-    policy = contract.policy
-    lim, prompt = policy.limits, contract.prompt_tokens or 0
-    requested, param = req.requested_output, req.output_field or "max_tokens"
-    if requested == 0:  # both engines refuse it: say so before any engine work
-        raise BadRequest(f"'{param}' must be >= 1, got 0.", param=param, code="invalid_value")
-    injected = requested is None
-    if requested is None:
-        fits = max_model_len - prompt if max_model_len is not None else None
-        output = (
-            lim.default_output_tokens or lim.max_output_tokens or fits or FALLBACK_OUTPUT_TOKENS
-        )
-    elif lim.max_output_tokens is not None and requested > lim.max_output_tokens:
-        if lim.on_excess == "reject":
-            raise BadRequest(
-                f"'{param}' is {requested}, over the {lim.max_output_tokens}-token output limit of "
-                f"task '{policy.name}'.",
-                param=param,
-                code="output_limit_exceeded",
-                reason="output_limit_exceeded",
-            )
-        output = lim.max_output_tokens
-        contract.clamped_from = requested
-    else:
-        output = requested
-    if max_model_len is None:
-        return output
-    if prompt >= max_model_len:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"{_input_param(req)} resulted in {prompt} input tokens ({how}).",
-            param=_input_param(req),
-        )
-    if prompt + output > max_model_len:
-        if injected:
-            return max_model_len - prompt
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            "requested "
-            f"{prompt + output} tokens ({prompt} in the {_input_param(req)}, {how}, {output} in "
-            "the completion). "
-            f"Please reduce the length of the {_input_param(req)} or the completion.",
-            param=param,
-        )
-    return output

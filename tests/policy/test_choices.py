@@ -17,7 +17,7 @@ from gateway.ingress.protocol import parse_request
 from gateway.pipeline import release
 from gateway.policies.policyset import LimitsSpec, Policy, SessionSpec
 from gateway.policy.budgets import Budgets
-from gateway.policy.stage import _choices, _output_limit
+from gateway.policy.limits import choices, output_limit
 from gateway.request.context import Contract, Exchange
 from gateway.sim import SimCluster
 from gateway.state import MemoryStateStore
@@ -38,7 +38,7 @@ def request(**fields: Any) -> Any:
     ("fields", "expected"), [({}, 1), ({"n": 4}, 4), ({"n": 2, "best_of": 5}, 5), ({"n": 8}, 8)]
 )
 def test_choices_are_n_or_best_of(fields: dict[str, Any], expected: int) -> None:
-    assert _choices(contract(), request(**fields)) == expected
+    assert choices(contract(), request(**fields)) == expected
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_choices_out_of_range_or_of_the_wrong_type_are_400_naming_the_field(
     field: str, value: Any
 ) -> None:
     with pytest.raises(BadRequest) as exc:
-        _choices(contract(max_n=8), request(**{field: value}))
+        choices(contract(max_n=8), request(**{field: value}))
     assert exc.value.status == 400
     assert exc.value.param == field
 
@@ -57,7 +57,7 @@ def test_choices_out_of_range_or_of_the_wrong_type_are_400_naming_the_field(
 def test_zero_max_tokens_is_refused_before_any_engine_work() -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         with pytest.raises(BadRequest) as exc:
-            _output_limit(contract(), request(**{name: 0}), None, "estimated")
+            output_limit(contract(), request(**{name: 0}), None, "estimated")
         assert exc.value.param == name
 
 

@@ -18,7 +18,7 @@ from gateway.forward.upstream import UpstreamClient
 from gateway.ingress.protocol import ParsedRequest, parse_request
 from gateway.policies.policyset import LimitsSpec, Policy
 from gateway.policy.estimate import estimate_text, estimate_text_in_slices
-from gateway.policy.stage import _check_floor
+from gateway.policy.limits import check_floor
 from gateway.policy.tokens import (
     LRU,
     OFFLOAD_BYTES,
@@ -93,9 +93,9 @@ def contract(**limits: Any) -> Contract:
 
 def test_floor_over_the_input_limit_is_the_input_limit_error() -> None:
     req = chat([{"role": "user", "content": "x"}])
-    _check_floor(contract(max_input_tokens=100), req, 100, 101)  # at the limit: counted
+    check_floor(contract(max_input_tokens=100), req, 100, 101)  # at the limit: counted
     with pytest.raises(ContextLengthExceeded) as exc:
-        _check_floor(contract(max_input_tokens=100), req, 101, None)
+        check_floor(contract(max_input_tokens=100), req, 101, None)
     assert (exc.value.status, exc.value.code, exc.value.param) == (
         400,
         "context_length_exceeded",
@@ -107,7 +107,7 @@ def test_floor_over_the_input_limit_is_the_input_limit_error() -> None:
 def test_floor_at_the_context_length_is_refused_naming_the_prompt() -> None:
     req = parse_request("completions", json.dumps({"prompt": "x"}).encode())
     with pytest.raises(ContextLengthExceeded) as exc:
-        _check_floor(contract(), req, 2048, 2048)
+        check_floor(contract(), req, 2048, 2048)
     assert exc.value.param == "prompt"
     assert "maximum context length is 2048 tokens" in str(exc.value)
 
