@@ -178,6 +178,7 @@ class Pipeline:
                 raise
             self._count_attempt(replica, "ok")
             self._outliers.record(replica, False)
+            s.router.on_answered(ctx, replica)
 
     def _count_attempt(self, replica: Replica, result: str) -> None:
         self._metrics.attempts_by(replica.name, result).inc()

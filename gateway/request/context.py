@@ -148,6 +148,9 @@ class Routing:
     #: replica name -> prompt tokens the prefix index expects cached there
     #: (admission reserves prefill work = prompt - cached)
     cached_tokens: dict[str, int] = field(default_factory=dict)
+    #: stamps of the blocks the chosen replica's prefix index matched when the
+    #: request was routed there (`PrefixIndex.stamps`; the answer corrects it)
+    index_stamps: tuple[int, ...] = ()
     #: the engine slot the router wrote into the body, and the body field it wrote
     #: (`EngineAdapter.slot_field`; cleared on a retry elsewhere)
     pinned_slot: int | None = None

@@ -25,6 +25,9 @@ class _Stateless:
     def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
         return None
 
+    def on_answered(self, ctx: RequestContext, replica: Replica) -> None:
+        return None
+
     def forget_replica(self, name: str) -> None:
         return None
 

@@ -14,6 +14,12 @@ TTL). Inserting a chain tail-first keeps the head most recently used, so
 eviction removes tails before heads, as engines do, and the set of live
 hashes of one chain stays prefix-closed: the longest cached prefix is found
 by binary search.
+
+Each insert stamps its hashes with a counter that grows per insert, so the
+entries are ordered by stamp too. `stamps` reads the stamps of a chain's
+live head and `drop_through` forgets every entry used no later than a given
+stamp: when an engine answers that it no longer held a block, it evicted (least
+recently used first) everything used no later than that block as well.
 """
 
 from __future__ import annotations
@@ -67,7 +73,9 @@ class PrefixIndex:
         self.capacity_blocks = max(1, capacity_blocks)
         self._ttl = ttl_s
         self._clock = clock
-        self._entries: OrderedDict[int, float] = OrderedDict()  # hash → expiry, oldest first
+        #: hash → (expiry, stamp), oldest first
+        self._entries: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self._stamp = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -79,12 +87,28 @@ class PrefixIndex:
     def insert(self, hashes: Sequence[int]) -> None:
         """Remember a routed chain (tail first, so the head is evicted last)."""
         now = self._clock()
-        expiry = now + self._ttl
+        self._stamp += 1
+        entry = (now + self._ttl, self._stamp)
         entries = self._entries
         for h in hashes[: self.capacity_blocks][::-1]:
-            entries[h] = expiry
+            entries[h] = entry
             entries.move_to_end(h)
         self._evict(now)
+
+    def stamps(self, hashes: Sequence[int]) -> tuple[int, ...]:
+        """Stamps of the leading live blocks of `hashes` (as many as `matched_blocks`)."""
+        n = self.matched_blocks(hashes)
+        entries = self._entries
+        return tuple(entries[h][1] for h in hashes[:n])
+
+    def drop_through(self, stamp: int) -> int:
+        """Forget every entry stamped `stamp` or earlier; returns how many went."""
+        entries = self._entries
+        dropped = 0
+        while entries and next(iter(entries.values()))[1] <= stamp:
+            entries.popitem(last=False)
+            dropped += 1
+        return dropped
 
     def matched_blocks(self, hashes: Sequence[int]) -> int:
         """Number of leading blocks of `hashes` present (binary search: prefix-closed)."""
@@ -99,15 +123,15 @@ class PrefixIndex:
         return lo
 
     def _live(self, h: int, now: float) -> bool:
-        expiry = self._entries.get(h)
-        return expiry is not None and expiry > now
+        entry = self._entries.get(h)
+        return entry is not None and entry[0] > now
 
     def _evict(self, now: float) -> None:
         entries = self._entries
         while len(entries) > self.capacity_blocks:
             entries.popitem(last=False)
         while entries:
-            h, expiry = next(iter(entries.items()))
+            h, (expiry, _) = next(iter(entries.items()))
             if expiry > now:
                 break
             del entries[h]

@@ -34,6 +34,7 @@ from gateway.scheduling.cycle import (
 )
 from gateway.scheduling.decode import DecodeLoad
 from gateway.scheduling.engine_view import capacity_tokens, engine_view, max_seqs
+from gateway.scheduling.feedback import learn
 from gateway.scheduling.hashing import bounded_load_choice
 from gateway.scheduling.interfaces import AdmitCheck, Filter, Picker, Scorer, Services
 from gateway.scheduling.metrics import SchedulingMetrics
@@ -59,6 +60,10 @@ class Router(Protocol):
 
     def on_routed(self, ctx: RequestContext, ranking: Ranking, replica: Replica) -> None:
         """Learn from the final decision (e.g. the prefix index)."""
+        ...
+
+    def on_answered(self, ctx: RequestContext, replica: Replica) -> None:
+        """Learn from the engine's answer (its reported cache hits)."""
         ...
 
     def forget_replica(self, name: str) -> None:
@@ -144,7 +149,9 @@ class SchedulingRouter:
                 else self._indexed(ctx, replica)
             )
         if blocks.hashes:  # a prompt shorter than one block has nothing to index
-            self.index(replica, capacity_tokens(replica)).insert(blocks.hashes)
+            index = self.index(replica, capacity_tokens(replica))
+            ctx.routing.index_stamps = index.stamps(blocks.hashes)
+            index.insert(blocks.hashes)
         key = self.session_key(ctx)
         slot = self._slots.apply(ctx, replica, self._tracker, key)
         kv = prompt_tokens + (ctx.output_limit or 0) * ctx.choices
@@ -156,6 +163,13 @@ class SchedulingRouter:
         decisions.inc()
         prompt.inc(prompt_tokens)
         hits.inc(matched)
+
+    def on_answered(self, ctx: RequestContext, replica: Replica) -> None:
+        """The engine's reported cache hits correct the replica's index (`feedback.py`)."""
+        blocks = ctx.routing.prefix
+        if blocks is not None:
+            estimate = self.prompt_tokens(ctx, blocks)
+            learn(self._indexes.get(replica.name), ctx, replica.name, estimate, self._metrics)
 
     def forget_replica(self, name: str) -> None:
         self._indexes.pop(name, None)
