@@ -126,3 +126,25 @@ def test_an_engine_holding_more_than_predicted_is_learned(cluster: SimCluster) -
         cached, error = send(gw, a)
         assert cached > 0 and error <= -256  # the engine held more than predicted
         assert learned(gw) >= 2
+
+
+def test_a_streamed_answer_corrects_the_index_too(gw: RunningGateway, cluster: SimCluster) -> None:
+    a, b = prompt("a"), prompt("b")
+    send(gw, a)
+    send(gw, b)
+    cluster.reset(clear_cache=True)
+    before = buckets(gw)
+    stream = gw.openai().chat.completions.create(
+        model="sim-model",
+        messages=[{"role": "user", "content": b}],
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [chunk.usage for chunk in stream if chunk.usage is not None]
+    assert len(usage) == 1 and usage[0].prompt_tokens_details is not None
+    assert usage[0].prompt_tokens_details.cached_tokens == 0
+    after = buckets(gw)
+    assert after[float("inf")] == before[float("inf")] + 1
+    assert min(le for le, n in after.items() if n > before.get(le, 0)) >= 256
+    assert send(gw, a) == (0, EXACT)  # dropped by b's streamed miss
