@@ -7,7 +7,7 @@ answer's `usage` says how many prompt tokens the engine actually reused
 (`Usage.cached_tokens`, read by the engine's adapter). Converted to the index's
 blocks (with the engine's own prompt-token count when it reports one):
 
-- fewer blocks than predicted: block `k` (the first one the engine lacked) and
+- at least two blocks fewer than predicted: block `k` (the first one the engine lacked) and
   everything the index last used no later than it are gone from the engine,
   which evicts least recently used first, so the index drops them all. The
   request's own chain was re-stamped when it was routed: the engine has just
@@ -16,14 +16,19 @@ blocks (with the engine's own prompt-token count when it reports one):
   evicted it early, or another gateway instance sent it): the index learns
   the reported prefix.
 
+A shortfall of one block corrects nothing: it is within the rounding between
+the engine's token blocks and the index's byte blocks (another block size,
+uneven bytes per token, an engine recomputing a fully cached prompt's last
+block), and acting on it would drop most of the index on every such answer.
+
 Each answer observes predicted - reported cached tokens in
 `gateway_routing_prefix_prediction_error_tokens{replica}`, the prediction
 being the matched blocks in the engine's tokens (its reported prompt tokens
 spread over the prompt's bytes), so that the token estimate's error is not
 counted as the index's, and the reported tokens capped at the prompt's full
-blocks (the index hashes whole blocks only). A reading within
-half a block of the prediction counts as agreeing (engines cache in their own
-block size, the index in bytes).
+blocks (the index hashes whole blocks only). Engines whose slots
+each hold one prompt (llama.cpp) do not evict least recently used first: the
+drop may be too wide there, and later answers that report more restore it.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def reported_blocks(cached: int, prompt_tokens: int, blocks: PrefixBlocks) -> in
     per_block = tokens_per_block(prompt_tokens, blocks)
     if per_block <= 0:
         return 0
-    return min(len(blocks.hashes), round(cached / per_block))
+    return min(len(blocks.hashes), int(cached / per_block + 0.5))
 
 
 def apply_feedback(
@@ -76,7 +81,7 @@ def apply_feedback(
 ) -> None:
     """Correct `index` (the replica's) with the engine's `reported` blocks."""
     predicted = len(stamps)
-    if reported < predicted:
+    if reported + 1 < predicted:
         metrics.dropped_blocks_by(replica).inc(index.drop_through(stamps[reported]))
     elif reported > predicted:
         index.insert(blocks.hashes[:reported])

@@ -12,6 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.config.scheduling import SchedulingConfig
+from gateway.request.context import PrefixBlocks
+from gateway.scheduling.feedback import apply_feedback
+from gateway.scheduling.metrics import SchedulingMetrics
+from gateway.scheduling.prefix import PrefixIndex
 from gateway.sim.cluster import SimCluster
 from tests.gwharness import RunningGateway, running_gateway
 from tests.scheduling.test_routing import wait_healthy
@@ -148,3 +152,19 @@ def test_a_streamed_answer_corrects_the_index_too(gw: RunningGateway, cluster: S
     assert after[float("inf")] == before[float("inf")] + 1
     assert min(le for le, n in after.items() if n > before.get(le, 0)) >= 256
     assert send(gw, a) == (0, EXACT)  # dropped by b's streamed miss
+
+
+def test_a_one_block_shortfall_is_rounding_and_two_blocks_drop() -> None:
+    idx = PrefixIndex(capacity_blocks=100, ttl_s=60.0, clock=lambda: 0.0)
+    metrics = SchedulingMetrics(None)
+    old, chain = [10, 11, 12], [1, 2, 3, 4]
+    blocks = PrefixBlocks(tuple(chain), 4096, 1024)
+    idx.insert(old)
+    idx.insert(chain)
+    stamps = idx.stamps(chain)
+    idx.insert(chain)  # routed again: the engine computes it
+    apply_feedback(idx, "r", stamps, blocks, 3, metrics)  # one block short: rounding
+    assert idx.matched_blocks(old) == 3
+    apply_feedback(idx, "r", stamps, blocks, 2, metrics)  # blocks 2.. were gone, and older
+    assert idx.matched_blocks(old) == 0
+    assert idx.matched_blocks(chain) == 4
