@@ -16,8 +16,8 @@ hashes of one chain stays prefix-closed: the longest cached prefix is found
 by binary search.
 
 Each insert stamps its hashes with a counter that grows per insert, so the
-entries are ordered by stamp too. `stamps` reads the stamps of a chain's
-live head and `drop_through` forgets every entry used no later than a given
+entries are ordered by stamp too. `insert` returns the stamps the chain's
+live head had before, and `drop_through` forgets every entry used no later than a given
 stamp: when an engine answers that it no longer held a block, it evicted (least
 recently used first) everything used no later than that block as well.
 """
@@ -84,22 +84,25 @@ class PrefixIndex:
         self.capacity_blocks = max(1, capacity_blocks)
         self._evict(self._clock())
 
-    def insert(self, hashes: Sequence[int]) -> None:
-        """Remember a routed chain (tail first, so the head is evicted last)."""
+    def insert(self, hashes: Sequence[int]) -> tuple[int, ...]:
+        """Remember a routed chain (tail first, so the head is evicted last).
+        Returns the stamps its live head (the `matched_blocks` leading blocks) had
+        before."""
         now = self._clock()
         self._stamp += 1
         entry = (now + self._ttl, self._stamp)
         entries = self._entries
+        pop = entries.pop
+        before: list[int] = []
         for h in hashes[: self.capacity_blocks][::-1]:
+            old = pop(h, None)
             entries[h] = entry
-            entries.move_to_end(h)
+            if old is None or old[0] <= now:
+                before.clear()  # a block missing here ends the live head
+            else:
+                before.append(old[1])
         self._evict(now)
-
-    def stamps(self, hashes: Sequence[int]) -> tuple[int, ...]:
-        """Stamps of the leading live blocks of `hashes` (as many as `matched_blocks`)."""
-        n = self.matched_blocks(hashes)
-        entries = self._entries
-        return tuple(entries[h][1] for h in hashes[:n])
+        return tuple(reversed(before))
 
     def drop_through(self, stamp: int) -> int:
         """Forget every entry stamped `stamp` or earlier; returns how many went."""

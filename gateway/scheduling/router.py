@@ -150,8 +150,7 @@ class SchedulingRouter:
             )
         if blocks.hashes:  # a prompt shorter than one block has nothing to index
             index = self.index(replica, capacity_tokens(replica))
-            ctx.routing.index_stamps = index.stamps(blocks.hashes)
-            index.insert(blocks.hashes)
+            ctx.routing.index_stamps = index.insert(blocks.hashes)
         key = self.session_key(ctx)
         slot = self._slots.apply(ctx, replica, self._tracker, key)
         kv = prompt_tokens + (ctx.output_limit or 0) * ctx.choices

@@ -161,8 +161,7 @@ def test_a_one_block_shortfall_is_rounding_and_two_blocks_drop() -> None:
     blocks = PrefixBlocks(tuple(chain), 4096, 1024)
     idx.insert(old)
     idx.insert(chain)
-    stamps = idx.stamps(chain)
-    idx.insert(chain)  # routed again: the engine computes it
+    stamps = idx.insert(chain)  # routed again: the engine computes it
     apply_feedback(idx, "r", stamps, blocks, 3, metrics)  # one block short: rounding
     assert idx.matched_blocks(old) == 3
     apply_feedback(idx, "r", stamps, blocks, 2, metrics)  # blocks 2.. were gone, and older

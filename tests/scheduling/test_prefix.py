@@ -133,11 +133,12 @@ def test_index_never_exceeds_capacity_and_match_is_prefix_of_insert(
 
 def test_drop_through_forgets_everything_used_no_later_than_a_stamp() -> None:
     idx = PrefixIndex(capacity_blocks=100, ttl_s=60.0, clock=lambda: 0.0)
-    idx.insert([1, 2, 3])
-    idx.insert([4, 5])
-    idx.insert([1, 2])  # re-used head: re-stamped, newer than [4, 5]
-    assert idx.stamps([1, 2, 3]) == (3, 3, 1)
-    assert idx.drop_through(idx.stamps([4, 5])[0]) == 3  # 3, then 5 and 4
+    assert idx.insert([1, 2, 3]) == ()
+    assert idx.insert([4, 5]) == ()
+    assert idx.insert([1, 2]) == (1, 1)  # re-used head: re-stamped, newer than [4, 5]
+    assert idx.insert([1, 2, 3, 6]) == (3, 3, 1)  # the live head's stamps before
+    assert idx.insert([9, 2]) == ()  # a missing first block: no live head
+    assert idx.drop_through(2) == 2  # 5 and 4 (stamped 2), the oldest
     assert idx.matched_blocks([4, 5]) == 0
-    assert idx.matched_blocks([1, 2, 3]) == 2
+    assert idx.matched_blocks([1, 2, 3, 6]) == 4
     assert idx.drop_through(0) == 0
