@@ -44,6 +44,7 @@ from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.request.context import RequestContext
 from gateway.scheduling.affinity import SessionAffinity
 from gateway.scheduling.router import Router
+from gateway.state.base import Rider
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +128,15 @@ class Pipeline:
         deadlines.resolve(ctx, self._cfg)
         if self.lifecycle.ended:  # admitted before the drain, but its grace is over
             raise deadlines.shutting_down_error()
-        async with release.request(ctx, send, s.budgets) as timed_send:
-            await self._dispatch(ctx, timed_send)
+        # The session map's read and write ride on the budget reservation.
+        session_key = s.router.session_key(ctx) if s.affinity is not None else None
+        rider = s.affinity.rider(session_key) if s.affinity is not None else None
+        async with release.request(ctx, send, s.budgets, rider) as timed_send:
+            await self._dispatch(ctx, timed_send, session_key, rider)
 
-    async def _dispatch(self, ctx: RequestContext, send: Send) -> None:
+    async def _dispatch(
+        self, ctx: RequestContext, send: Send, session_key: str | None, rider: Rider | None
+    ) -> None:
         """Route, admit and forward; retry on another replica what provably
         never reached an engine."""
         tried: set[str] = set()
@@ -140,7 +146,7 @@ class Pipeline:
             if not candidates:
                 break
             try:
-                await self._attempt(ctx, candidates, send)
+                await self._attempt(ctx, candidates, send, session_key, rider)
                 return
             except UpstreamNeverReached as err:
                 if not err.retry_same_replica and ctx.replica is not None:
@@ -152,12 +158,18 @@ class Pipeline:
             "No healthy replica is available.", retry_after=self._cfg.health.interval_s
         )
 
-    async def _attempt(self, ctx: RequestContext, candidates: list[Replica], send: Send) -> None:
+    async def _attempt(
+        self,
+        ctx: RequestContext,
+        candidates: list[Replica],
+        send: Send,
+        session_key: str | None,
+        rider: Rider | None,
+    ) -> None:
         s = self.stages
         ctx.progress = "routing"
-        session_key = s.router.session_key(ctx) if s.affinity is not None else None
         if s.affinity is not None and ctx.attempts == 0:
-            await s.affinity.lookup(ctx, session_key)
+            await s.affinity.lookup(ctx, session_key, rider)
         ranking = s.router.rank(ctx, candidates)
         ctx.progress = "queued"
         async with release.lease(s.admission, ctx, ranking.replicas) as lease:
@@ -165,7 +177,7 @@ class Pipeline:
             ctx.attempts += 1
             s.router.on_routed(ctx, ranking, replica)
             if s.affinity is not None:
-                await s.affinity.remember(ctx, session_key, replica.name)
+                await s.affinity.remember(ctx, session_key, replica.name, rider)
             try:
                 await s.forwarder.forward(ctx, replica, send)
             except UpstreamNeverReached as err:

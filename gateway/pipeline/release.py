@@ -29,13 +29,16 @@ from gateway.forward.forwarder import Send
 from gateway.policy.budgets import Budgets
 from gateway.replicas.registry import Replica
 from gateway.request.context import RequestContext
+from gateway.state.base import Rider
 
 
 @contextlib.asynccontextmanager
-async def request(ctx: RequestContext, send: Send, budgets: Budgets) -> AsyncIterator[Send]:
+async def request(
+    ctx: RequestContext, send: Send, budgets: Budgets, rider: Rider | None = None
+) -> AsyncIterator[Send]:
     """The request's timer and budget reservation, held around its dispatch;
     yields the `send` that moves the timer once the response starts."""
-    async with timer(ctx, send) as timed_send, reservation(budgets, ctx):
+    async with timer(ctx, send) as timed_send, reservation(budgets, ctx, rider):
         yield timed_send
 
 
@@ -52,14 +55,17 @@ async def timer(ctx: RequestContext, send: Send) -> AsyncIterator[Send]:
 
 
 @contextlib.asynccontextmanager
-async def reservation(budgets: Budgets, ctx: RequestContext) -> AsyncIterator[None]:
-    """The budget reservation (RateLimited on entry if a limit is reached)."""
-    held = await budgets.take(ctx)
+async def reservation(
+    budgets: Budgets, ctx: RequestContext, rider: Rider | None = None
+) -> AsyncIterator[None]:
+    """The budget reservation (RateLimited on entry if a limit is reached),
+    carrying the rider's reads in and its writes out."""
+    held = await budgets.take(ctx, rider)
     try:
         yield
     finally:
         if held is not None:
-            await asyncio.shield(budgets.settle(ctx, held))
+            await asyncio.shield(budgets.settle(ctx, held, rider))
 
 
 @contextlib.asynccontextmanager

@@ -43,7 +43,7 @@ from gateway.policy.estimate import MAX_OVERCOUNT
 from gateway.policy.tokens import described
 from gateway.request.context import RequestContext
 from gateway.state import Claim, Reservation, StateStore
-from gateway.state.base import ReserveResult, Stamp
+from gateway.state.base import ReserveResult, Rider, Stamp
 
 WINDOW_S = 60.0
 _RESERVATION_SLACK_S = 60.0
@@ -88,10 +88,12 @@ class Budgets:
             registry=metrics_registry or CollectorRegistry(),
         )
 
-    async def take(self, ctx: RequestContext) -> Held | None:
+    async def take(self, ctx: RequestContext, rider: Rider | None = None) -> Held | None:
         """Reserve the worst case (RateLimited if a limit is reached); None when
-        no limit applies. Settled by `gateway.pipeline.release` (`settle`)."""
-        return await self._enter(ctx) if self.applies(ctx) else None
+        no limit applies. Settled by `gateway.pipeline.release` (`settle`).
+        A `rider`'s reads go with the reservation (and its writes with the
+        settle) when there is one."""
+        return await self._enter(ctx, rider) if self.applies(ctx) else None
 
     def applies(self, ctx: RequestContext) -> bool:
         """Whether any limit or budget may apply (most requests: none, and
@@ -103,19 +105,21 @@ class Budgets:
             bool(ctx.session_key) and contract is not None and contract.policy.session is not None
         )
 
-    async def _enter(self, ctx: RequestContext) -> Held | None:
-        entered = await self._reserve(ctx)
+    async def _enter(self, ctx: RequestContext, rider: Rider | None) -> Held | None:
+        entered = await self._reserve(ctx, rider)
         if entered is None:
             return None
         result, rules, worst = entered
         if result.reservation is None:
             rule = next(r for r in rules if r.claim.key == result.failed_key)
             if await self._recounted(ctx, rule, result):
-                return await self._enter(ctx)
+                return await self._enter(ctx, rider)
             raise self._refusal(rule, result, _counted(ctx))
         return result.reservation, rules, worst
 
-    async def _reserve(self, ctx: RequestContext) -> tuple[ReserveResult, list[Rule], int] | None:
+    async def _reserve(
+        self, ctx: RequestContext, rider: Rider | None
+    ) -> tuple[ReserveResult, list[Rule], int] | None:
         worst = (ctx.prompt_tokens or 0) + (ctx.output_limit or 0) * ctx.choices
         rules = self._tenant_rules(ctx, worst)
         session = ctx.contract.policy.session if ctx.contract is not None else None
@@ -131,9 +135,13 @@ class Budgets:
             ]
         if not rules:
             return None
+        reads = rider.reads if rider is not None else ()
         result = await self._store.reserve(
-            [r.claim for r in rules], self._reservation_ttl(ctx), stamps
+            [r.claim for r in rules], self._reservation_ttl(ctx), stamps, reads
         )
+        if rider is not None:
+            rider.texts = result.texts
+            rider.carried = result.reservation is not None
         if session is not None and stamps:
             await self._check_duration(ctx, session, result, now)
         return result, rules, worst
@@ -153,12 +161,12 @@ class Budgets:
             return False
         return await self._count_exactly(ctx)
 
-    async def settle(self, ctx: RequestContext, held: Held) -> None:
-        """Settle a reservation with what the request used (its own store call:
-        the caller shields it)."""
+    async def settle(self, ctx: RequestContext, held: Held, rider: Rider | None = None) -> None:
+        """Settle a reservation with what the request used, with the rider's
+        writes (its own store call: the caller shields it)."""
         res, rules, worst = held
         actual = {r.claim.key: _kept(r, ctx, worst) for r in rules}
-        await self._store.settle(res, actual)
+        await self._store.settle(res, actual, rider.writes if rider is not None else ())
 
     def _reservation_ttl(self, ctx: RequestContext) -> float:
         now = time.monotonic()

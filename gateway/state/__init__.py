@@ -16,9 +16,12 @@ from gateway.state.base import (
     Claim,
     Reservation,
     ReserveResult,
+    Rider,
     Stamp,
     StateStore,
     StoreUnavailable,
+    TextRead,
+    TextWrite,
 )
 from gateway.state.memory import MemoryStateStore
 
@@ -27,7 +30,10 @@ __all__ = [
     "MemoryStateStore",
     "Reservation",
     "ReserveResult",
+    "Rider",
     "Stamp",
     "StateStore",
     "StoreUnavailable",
+    "TextRead",
+    "TextWrite",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 
@@ -36,6 +37,23 @@ class Stamp(NamedTuple):
     only_if_absent: bool = False
 
 
+class TextRead(NamedTuple):
+    """Read a text value in the same step as a reserve (None if missing);
+    `refresh_ttl_s` restarts its TTL."""
+
+    key: str
+    refresh_ttl_s: float | None = None
+
+
+class TextWrite(NamedTuple):
+    """Set a text value in the same step as a settle; it expires `key_ttl_s`
+    after this write."""
+
+    key: str
+    value: str
+    key_ttl_s: float
+
+
 class Reservation(NamedTuple):
     id: str
     claims: tuple[Claim, ...]
@@ -53,10 +71,26 @@ class ReserveResult(NamedTuple):
     stamps: tuple[int, ...] = ()
     #: a window claim that failed: seconds until enough of it drops out (None: unknown)
     retry_after_s: float | None = None
+    #: the values of the reserve's text reads, in order (None: missing)
+    texts: tuple[str | None, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.reservation is not None
+
+
+@dataclass(slots=True)
+class Rider:
+    """Text reads and writes that ride on a request's budget reservation, so
+    they cost no round trip of their own: the reads on its `reserve`, the
+    writes on its `settle`. Mutable, one per request."""
+
+    reads: tuple[TextRead, ...]
+    #: what the reads found, once a reserve carried them (None: not carried)
+    texts: tuple[str | None, ...] | None = None
+    #: whether a reservation is held that will carry `writes` when it settles
+    carried: bool = False
+    writes: list[TextWrite] = field(default_factory=list)
 
 
 class StoreUnavailable(Exception):
@@ -79,10 +113,15 @@ class StateStore(Protocol):
         ...
 
     async def reserve(
-        self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
+        self,
+        claims: Sequence[Claim],
+        ttl_s: float,
+        stamps: Sequence[Stamp] = (),
+        reads: Sequence[TextRead] = (),
     ) -> ReserveResult:
         """Atomically apply every claim, or none if any would exceed its limit;
-        apply `stamps` in the same step either way.
+        apply `stamps` and the text `reads` in the same step either way (a
+        shared store: in the same round trip).
 
         The reservation expires after `ttl_s` unless settled, released or
         renewed: a crashed holder cannot leak capacity forever (a shared store
@@ -91,12 +130,17 @@ class StateStore(Protocol):
         ...
 
     async def settle(
-        self, reservation: Reservation, actual: Mapping[str, int] | None = None
+        self,
+        reservation: Reservation,
+        actual: Mapping[str, int] | None = None,
+        writes: Sequence[TextWrite] = (),
     ) -> None:
         """End a reservation: keys in `actual` keep that amount permanently
         (until the key's TTL), all other claimed amounts are given back.
         Idempotent: settling twice (or after expiry) changes nothing. A
-        counter never goes below 0 (its key may have expired meanwhile)."""
+        counter never goes below 0 (its key may have expired meanwhile).
+        The text `writes` are applied in the same step (a shared store: in
+        the same round trip), whether or not the reservation was still live."""
         ...
 
     async def release(self, reservation: Reservation) -> None:

@@ -35,6 +35,8 @@ from gateway.state.base import (
     Stamp,
     StateStore,
     StoreUnavailable,
+    TextRead,
+    TextWrite,
 )
 from gateway.supervise import Supervisor
 
@@ -124,23 +126,32 @@ class FailoverStore:
     # -- the StateStore protocol -------------------------------------------------
 
     async def reserve(
-        self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
+        self,
+        claims: Sequence[Claim],
+        ttl_s: float,
+        stamps: Sequence[Stamp] = (),
+        reads: Sequence[TextRead] = (),
     ) -> ReserveResult:
         if self._up:
             epoch = self._epoch
             try:
                 async with asyncio.timeout(self._call_timeout_s):
-                    result = await self._primary.reserve(claims, ttl_s, stamps)
+                    result = await self._primary.reserve(claims, ttl_s, stamps, reads)
                 return _tagged(result, _SHARED)
             except _DOWN as exc:
                 self._failed(exc, epoch)
-        result = await self._usable().reserve(claims, ttl_s, stamps)
+        result = await self._usable().reserve(claims, ttl_s, stamps, reads)
         return _tagged(result, _LOCAL)
 
     async def settle(
-        self, reservation: Reservation, actual: Mapping[str, int] | None = None
+        self,
+        reservation: Reservation,
+        actual: Mapping[str, int] | None = None,
+        writes: Sequence[TextWrite] = (),
     ) -> None:
-        await self._finish(reservation, lambda s, r: s.settle(r, actual))
+        """The writes go where the reservation was made (best effort, like
+        the settle: lost if the shared store is down by then)."""
+        await self._finish(reservation, lambda s, r: s.settle(r, actual, writes))
 
     async def release(self, reservation: Reservation) -> None:
         await self._finish(reservation, lambda s, r: s.release(r))

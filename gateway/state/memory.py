@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import ClassVar
 
-from gateway.state.base import Claim, Reservation, ReserveResult, Stamp
+from gateway.state.base import Claim, Reservation, ReserveResult, Stamp, TextRead, TextWrite
 
 _SWEEP_BATCH = 256
 # The expiry heap keeps an entry per reservation until its TTL (deadline +
@@ -95,14 +95,19 @@ class MemoryStateStore:
         self._scan_at = _SCAN_FLOOR
 
     async def reserve(
-        self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
+        self,
+        claims: Sequence[Claim],
+        ttl_s: float,
+        stamps: Sequence[Stamp] = (),
+        reads: Sequence[TextRead] = (),
     ) -> ReserveResult:
         now = self._clock()
         self._sweep(now)
         refused = self._refusal(claims, now)
         stored = tuple([self._stamp(s, now) for s in stamps]) if stamps else ()
+        texts = tuple([self._read_text(r.key, r.refresh_ttl_s, now) for r in reads])
         if refused is not None:
-            return refused._replace(stamps=stored)
+            return refused._replace(stamps=stored, texts=texts)
         held = self._held
         for c in claims:
             held[c.key] = held.get(c.key, 0) + c.amount
@@ -112,15 +117,20 @@ class MemoryStateStore:
         expires = now + ttl_s
         self._live[res.id] = (res, expires)
         heapq.heappush(self._expiry_heap, (expires, res.id))
-        return ReserveResult(res, stamps=stored)
+        return ReserveResult(res, stamps=stored, texts=texts)
 
     async def settle(
-        self, reservation: Reservation, actual: Mapping[str, int] | None = None
+        self,
+        reservation: Reservation,
+        actual: Mapping[str, int] | None = None,
+        writes: Sequence[TextWrite] = (),
     ) -> None:
         now = self._clock()
         self._sweep(now)
         self._finish(reservation.id, actual or {}, now)
         self._compact()
+        for w in writes:
+            self._write_text(w.key, w.value, w.key_ttl_s, now)
 
     async def release(self, reservation: Reservation) -> None:
         self.release_now(reservation)
@@ -156,7 +166,12 @@ class MemoryStateStore:
         return [self._value(k, now) for k in keys]
 
     async def get_text(self, key: str, refresh_ttl_s: float | None = None) -> str | None:
-        now = self._clock()
+        return self._read_text(key, refresh_ttl_s, self._clock())
+
+    async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
+        self._write_text(key, value, key_ttl_s, self._clock())
+
+    def _read_text(self, key: str, refresh_ttl_s: float | None, now: float) -> str | None:
         entry = self._texts.get(key)
         if entry is None:
             return None
@@ -167,8 +182,7 @@ class MemoryStateStore:
             self._texts[key] = (entry[0], now + refresh_ttl_s)
         return entry[0]
 
-    async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
-        now = self._clock()
+    def _write_text(self, key: str, value: str, key_ttl_s: float, now: float) -> None:
         self._texts[key] = (value, now + key_ttl_s)
         self._scan(now)
 

@@ -28,7 +28,15 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
-from gateway.state.base import Claim, Reservation, ReserveResult, Stamp, StoreUnavailable
+from gateway.state.base import (
+    Claim,
+    Reservation,
+    ReserveResult,
+    Stamp,
+    StoreUnavailable,
+    TextRead,
+    TextWrite,
+)
 from gateway.state.redis_client import Client, connect
 from gateway.supervise import Supervisor
 
@@ -60,6 +68,12 @@ def _script(name: str) -> str:
 
 def _ms(seconds: float | None) -> int:
     return -1 if seconds is None else max(0, round(seconds * 1000))
+
+
+def _text(raw: object) -> str | None:
+    if raw is None:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 @contextlib.contextmanager
@@ -156,39 +170,65 @@ class RedisStateStore:
         return len(self._live)
 
     async def reserve(
-        self, claims: Sequence[Claim], ttl_s: float, stamps: Sequence[Stamp] = ()
+        self,
+        claims: Sequence[Claim],
+        ttl_s: float,
+        stamps: Sequence[Stamp] = (),
+        reads: Sequence[TextRead] = (),
     ) -> ReserveResult:
+        if reads and self._cluster:  # the text keys live in other slots
+            result, found = await asyncio.gather(
+                self.reserve(claims, ttl_s, stamps),
+                asyncio.gather(*(self.get_text(r.key, r.refresh_ttl_s) for r in reads)),
+            )
+            return result._replace(texts=tuple(found))
         res_id = f"{self._id_prefix}.{next(self._ids)}"
         keys = self._keys([c.key for c in claims] + [s.key for s in stamps])
-        args: list[str | int] = [res_id, self._lease_ms(ttl_s), len(claims)]
+        keys += [self._prefix + r.key for r in reads]
+        args: list[str | int] = [res_id, self._lease_ms(ttl_s), len(claims), len(reads)]
         for c in claims:
             args += (c.amount, -1 if c.limit is None else c.limit, _ms(c.key_ttl_s))
             args.append(_ms(c.window_s))
         for s in stamps:
             args += (s.value, _ms(s.key_ttl_s), 1 if s.only_if_absent else 0)
+        args += [_ms(r.refresh_ttl_s) for r in reads]
         ok, at_ms, failed, current, retry_ms, *stored = await self._run("reserve", keys, args)
-        values = tuple(int(v) for v in stored)
+        values = tuple(int(v) for v in stored[: len(stamps)])
+        texts = tuple(_text(v) for v in stored[len(stamps) :])
         if not ok:
             c = claims[failed - 1]
             retry = None if retry_ms < 0 else retry_ms / 1000
-            return ReserveResult(None, c.key, int(current), c.limit, values, retry)
+            return ReserveResult(None, c.key, int(current), c.limit, values, retry, texts)
         res = Reservation(res_id, tuple(claims), at_ms / 1000)
         if ttl_s > self._lease_ttl_s:
             self._track(res, time.monotonic() + ttl_s)
-        return ReserveResult(res, stamps=values)
+        return ReserveResult(res, stamps=values, texts=texts)
 
     async def settle(
-        self, reservation: Reservation, actual: Mapping[str, int] | None = None
+        self,
+        reservation: Reservation,
+        actual: Mapping[str, int] | None = None,
+        writes: Sequence[TextWrite] = (),
     ) -> None:
         # Stop renewing first: if the call fails, the entries expire with their lease.
         self._live.pop(reservation.id, None)
-        if not reservation.claims:
+        if writes and self._cluster:  # the text keys live in other slots
+            await asyncio.gather(
+                self.settle(reservation, actual),
+                *(self.put_text(w.key, w.value, w.key_ttl_s) for w in writes),
+            )
+            return
+        if not reservation.claims and not writes:
             return
         actual = actual or {}
         keys = self._keys([c.key for c in reservation.claims])
+        keys += [self._prefix + w.key for w in writes]
         args: list[str | int] = [reservation.id, round(reservation.at * 1000)]
+        args.append(len(reservation.claims))
         for c in reservation.claims:
             args += (actual.get(c.key, 0), _ms(c.key_ttl_s), _ms(c.window_s))
+        for w in writes:
+            args += (w.value, max(1, _ms(w.key_ttl_s)))
         await self._run("settle", keys, args)
 
     async def release(self, reservation: Reservation) -> None:
@@ -221,9 +261,7 @@ class RedisStateStore:
                 raw = await self._client.get(self._prefix + key)
             else:
                 raw = await self._client.getex(self._prefix + key, px=max(1, _ms(refresh_ttl_s)))
-        if raw is None:
-            return None
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return _text(raw)
 
     async def put_text(self, key: str, value: str, key_ttl_s: float) -> None:
         async with self._call():

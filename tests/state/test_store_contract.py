@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.state import Claim, Stamp
+from gateway.state import Claim, Stamp, TextRead, TextWrite
 from tests.state.conftest import StoreEnv
 
 # Hash-tagged like the callers' keys, so the suite also fits a cluster.
@@ -230,6 +230,43 @@ def test_text_values_expire_unless_refreshed(env: StoreEnv) -> None:
             await env.sleep(0.25)
             assert await store.get_text("aff:{s}") is None
             await store.ping()
+        finally:
+            await store.close()
+
+    env.run(scenario)
+
+
+def test_texts_ride_on_reserve_and_settle(env: StoreEnv) -> None:
+    """A reserve reads texts (refreshing their TTL) whether or not its claims
+    fit; a settle writes texts whether or not its reservation is still live."""
+
+    async def scenario() -> None:
+        store = env.open()
+        try:
+            await store.put_text("aff:{s}", "replica-a", 0.4)
+            reads = (TextRead("aff:{s}", 0.4), TextRead("aff:{none}"))
+            await env.sleep(0.25)
+            ok = await store.reserve([Claim(A, 2, 3)], 30, reads=reads)
+            assert ok.ok and ok.texts == ("replica-a", None)
+            await env.sleep(0.25)  # refreshed by the reserve: still there
+            refused = await store.reserve([Claim(A, 2, 3)], 30, (Stamp(B, 7),), reads)
+            assert not refused.ok and refused.stamps == (7,)
+            assert refused.texts == ("replica-a", None)
+            assert ok.reservation is not None
+            await store.settle(ok.reservation, {A: 1}, [TextWrite("aff:{s}", "replica-b", 0.4)])
+            assert await store.get([A]) == [1]
+            assert await store.get_text("aff:{s}") == "replica-b"
+            # Settling again changes no counter, but the write still lands.
+            await store.settle(ok.reservation, {A: 1}, [TextWrite("aff:{t}", "ä", 0.4)])
+            assert await store.get([A]) == [1]
+            assert await store.get_text("aff:{t}") == "ä"
+            # A reservation without claims carries writes too.
+            empty = (await store.reserve([], 30, reads=reads)).reservation
+            assert empty is not None
+            await store.settle(empty, None, [TextWrite("aff:{u}", "x", 0.4)])
+            assert await store.get_text("aff:{u}") == "x"
+            await env.sleep(0.5)
+            assert await store.get_text("aff:{s}") is None  # the write's TTL
         finally:
             await store.close()
 

@@ -1,14 +1,18 @@
--- KEYS: K, K..':e' per claim, then per stamp.
--- ARGV: id, lease_ms, #claims, then per claim amount, limit, ttl_ms, window_ms,
--- then per stamp value, ttl_ms, only_if_absent (1/0); -1 means none.
--- Returns {1, now_ms, 0, 0, -1, stamps...} or {0, now_ms, failed claim (1-based),
--- current, retry_ms or -1, stamps...}.
+-- KEYS: K, K..':e' per claim, then per stamp, then one text key per read.
+-- ARGV: id, lease_ms, #claims, #reads, then per claim amount, limit, ttl_ms,
+-- window_ms, then per stamp value, ttl_ms, only_if_absent (1/0), then per
+-- read its refresh ttl_ms; -1 means none.
+-- Returns {1, now_ms, 0, 0, -1, stamps..., texts...} or {0, now_ms, failed
+-- claim (1-based), current, retry_ms or -1, stamps..., texts...}; a missing
+-- text is nil.
 local entry = 'r:' .. ARGV[1]
 local lease = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
+local reads = tonumber(ARGV[4])
+local pairs_n = (#KEYS - reads) / 2
 local failed, current, retry = 0, 0, -1
 for i = 1, n do
-  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 4 * (i - 1)
+  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 4 * (i - 1)
   prune(k, e)
   local amount, limit = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   if failed == 0 and limit >= 0 and amount > 0 then
@@ -21,9 +25,9 @@ for i = 1, n do
     end
   end
 end
-local stamps = {}
-for j = 1, #KEYS / 2 - n do
-  local k, e, a = KEYS[2 * (n + j) - 1], KEYS[2 * (n + j)], 4 + 4 * n + 3 * (j - 1)
+local out = {}
+for j = 1, pairs_n - n do
+  local k, e, a = KEYS[2 * (n + j) - 1], KEYS[2 * (n + j)], 5 + 4 * n + 3 * (j - 1)
   prune(k, e)
   if not (ARGV[a + 2] == '1' and redis.call('HEXISTS', k, 'b') == 1) then
     redis.call('HSET', k, 'b', ARGV[a])
@@ -31,11 +35,18 @@ for j = 1, #KEYS / 2 - n do
   local ttl = tonumber(ARGV[a + 1])
   if ttl >= 0 then refresh(k, ttl) else redis.call('HDEL', k, 'x') end
   touch(k, e)
-  stamps[j] = tonumber(redis.call('HGET', k, 'b'))
+  out[j] = tonumber(redis.call('HGET', k, 'b'))
 end
-if failed > 0 then return {0, NOW, failed, current, retry, unpack(stamps)} end
+local first_read = 5 + 4 * n + 3 * (pairs_n - n)
+for j = 1, reads do
+  local k, ttl = KEYS[2 * pairs_n + j], tonumber(ARGV[first_read + j - 1])
+  local text = redis.call('GET', k)
+  if text and ttl >= 0 then redis.call('PEXPIRE', k, math.max(ttl, 1)) end
+  out[pairs_n - n + j] = text
+end
+if failed > 0 then return {0, NOW, failed, current, retry, unpack(out, 1, pairs_n - n + reads)} end
 for i = 1, n do
-  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 4 * (i - 1)
+  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 4 * (i - 1)
   local amount = tonumber(ARGV[a])
   redis.call('HINCRBY', k, entry, amount)
   if amount ~= 0 then redis.call('HINCRBY', k, 'l', amount) end
@@ -43,4 +54,4 @@ for i = 1, n do
   refresh(k, tonumber(ARGV[a + 2]))
   touch(k, e)
 end
-return {1, NOW, 0, 0, -1, unpack(stamps)}
+return {1, NOW, 0, 0, -1, unpack(out, 1, pairs_n - n + reads)}

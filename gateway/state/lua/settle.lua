@@ -1,10 +1,16 @@
--- KEYS: K, K..':e' per claim. ARGV: id, at_ms, then per claim keep, ttl_ms,
--- window_ms (-1: none). A claim whose entry is gone (settled, released or
--- expired) is left alone: settling is idempotent.
+-- KEYS: K, K..':e' per claim, then one text key per write. ARGV: id, at_ms,
+-- #claims, then per claim keep, ttl_ms, window_ms (-1: none), then per write
+-- value, ttl_ms. A claim whose entry is gone (settled, released or expired)
+-- is left alone: settling is idempotent. The writes are applied either way.
 local entry = 'r:' .. ARGV[1]
 local at = tonumber(ARGV[2])
-for i = 1, #KEYS / 2 do
-  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 3 + 3 * (i - 1)
+local n = tonumber(ARGV[3])
+for j = 1, #KEYS - 2 * n do
+  local a = 4 + 3 * n + 2 * (j - 1)
+  redis.call('SET', KEYS[2 * n + j], ARGV[a], 'PX', math.max(tonumber(ARGV[a + 1]), 1))
+end
+for i = 1, n do
+  local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 3 * (i - 1)
   local keep, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   prune(k, e)
   local held = tonumber(redis.call('HGET', k, entry))
