@@ -92,7 +92,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--redis-requests", type=int, default=500, help="sequential small requests")
     p.add_argument("--no-redis", action="store_true", help="skip the Redis part")
+    p.add_argument("--only-redis", action="store_true", help="only the Redis part")
     args = p.parse_args(argv)
+    if args.no_redis and args.only_redis:
+        p.error("--no-redis and --only-redis exclude each other")
     if not 1 <= args.concurrency <= 512:
         p.error("--concurrency: an integer in 1..512")
     if not 1 <= args.rounds <= 10:
@@ -359,7 +362,11 @@ def _run(args: argparse.Namespace, logs: Path, procs: list[Proc]) -> dict[str, A
         Shape("small", small_body(False), 3000 // scale, args.concurrency),
     ]
     out_dir = Path(args.out)
-    results = [profile_shape(memory, s, args.rounds, i + 1, out_dir) for i, s in enumerate(shapes)]
+    results = [
+        profile_shape(memory, s, args.rounds, i + 1, out_dir)
+        for i, s in enumerate(shapes)
+        if not args.only_redis
+    ]
     out: dict[str, Any] = {"shapes": results}
     if not args.no_redis:
         port = free_port()

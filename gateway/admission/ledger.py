@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from gateway.errors import StateUnavailable
 from gateway.replicas.registry import Replica
-from gateway.state import Claim, Reservation, StateStore
+from gateway.state import Claim, Reservation, StateStore, TextWrite
 
 
 class Demand(NamedTuple):
@@ -90,6 +90,11 @@ class Lease:
         self.closed = False
         on_change(self, self.kv_held, self.prefill_held, 1)
 
+    def carry(self, writes: list[TextWrite]) -> bool:
+        """Apply `writes` (a list the caller may still append to) in the same
+        store call as the release; False: this lease makes no store call."""
+        return False
+
     def first_byte(self) -> None:
         """Sync hook run when the first response byte arrives: the prefill is done."""
         if self.prefill_held and not self.closed:
@@ -124,7 +129,7 @@ class SharedLease(Lease):
     that other gateway instances share (`res`), expiring after `ttl_s` unless
     released, so a crashed holder cannot leak capacity."""
 
-    __slots__ = ("_lock_", "_res", "_store", "_task", "_ttl_s")
+    __slots__ = ("_lock_", "_res", "_store", "_task", "_ttl_s", "_writes")
 
     def __init__(
         self,
@@ -140,7 +145,12 @@ class SharedLease(Lease):
         self._ttl_s = ttl_s
         self._lock_: asyncio.Lock | None = None  # only a prefill swap needs one
         self._task: asyncio.Task[None] | None = None
+        self._writes: list[TextWrite] = []
         super().__init__(replica, demand, on_change)
+
+    def carry(self, writes: list[TextWrite]) -> bool:
+        self._writes = writes
+        return True
 
     @property
     def _lock(self) -> asyncio.Lock:
@@ -178,7 +188,7 @@ class SharedLease(Lease):
         if swapping or locked:
             return False
         res = self._res
-        if res is not None and not self._store.release_now(res):
+        if self._writes or (res is not None and not self._store.release_now(res)):
             return False
         self.closed = True
         self._res = None
@@ -195,5 +205,5 @@ class SharedLease(Lease):
             self.closed = True
             res, self._res = self._res, None
             if res is not None:
-                await self._store.release(res)
+                await self._store.settle(res, None, self._writes)
             self._give_back()

@@ -176,6 +176,8 @@ class Pipeline:
             replica = ctx.replica = lease.replica
             ctx.attempts += 1
             s.router.on_routed(ctx, ranking, replica)
+            if rider is not None and not rider.carried:
+                rider.carried = lease.carry(rider.writes)  # the map's write, on its release
             if s.affinity is not None:
                 await s.affinity.remember(ctx, session_key, replica.name, rider)
             try:

@@ -11,7 +11,10 @@ local RETRY_SCAN = 512
 local WINDOW_SLOTS = 50
 
 -- Drop entries whose time has come (a bounded batch) and an expired base.
-local function prune(k, e)
+-- Returns what the counter holds then: its base `b` (nil: none), when the
+-- base expires `x` (nil: never), the entries' sum `l`, and the amount of
+-- entry `f` (nil: none; pass nil for no entry).
+local function prune(k, e, f)
   local gone = redis.call('ZRANGEBYSCORE', e, '-inf', NOW, 'LIMIT', 0, PRUNE_BATCH)
   if #gone > 0 then
     local amounts = redis.call('HMGET', k, unpack(gone))
@@ -21,20 +24,19 @@ local function prune(k, e)
     redis.call('ZREM', e, unpack(gone))
     if sum ~= 0 then redis.call('HINCRBY', k, 'l', -sum) end
   end
-  local x = tonumber(redis.call('HGET', k, 'x'))
-  if x and x <= NOW then redis.call('HDEL', k, 'b', 'x') end
-end
-
-local function value(k)
-  local v = redis.call('HMGET', k, 'b', 'l')
-  return (tonumber(v[1]) or 0) + (tonumber(v[2]) or 0)
-end
-
--- After a change: drop a counter that holds nothing, else make both keys
--- live as long as what they hold (the base until `x`, entries until they end).
-local function touch(k, e)
-  local v = redis.call('HMGET', k, 'b', 'x')
+  local v = redis.call('HMGET', k, 'b', 'x', 'l', f or 'b')
   local b, x = v[1], tonumber(v[2])
+  if x and x <= NOW then
+    redis.call('HDEL', k, 'b', 'x')
+    b, x = false, nil
+  end
+  return b, x, tonumber(v[3]) or 0, f and tonumber(v[4]) or nil
+end
+
+-- After a change, knowing the base `b` (false or nil: none) and when it
+-- expires `x`: drop a counter that holds nothing, else make both keys live
+-- as long as what they hold (the base until `x`, entries until they end).
+local function expire_as_held(k, e, b, x)
   local last = redis.call('ZRANGE', e, -1, -1, 'WITHSCORES')
   local ends = tonumber(last[2])
   if not ends and not b then
@@ -51,6 +53,12 @@ local function touch(k, e)
     redis.call('PEXPIREAT', k, at)
     if ends then redis.call('PEXPIREAT', e, at) end
   end
+end
+
+-- The same, reading the base and its expiry first.
+local function touch(k, e)
+  local v = redis.call('HMGET', k, 'b', 'x')
+  expire_as_held(k, e, v[1], tonumber(v[2]))
 end
 
 local function refresh(k, ttl)

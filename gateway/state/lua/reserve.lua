@@ -11,12 +11,14 @@ local n = tonumber(ARGV[3])
 local reads = tonumber(ARGV[4])
 local pairs_n = (#KEYS - reads) / 2
 local failed, current, retry = 0, 0, -1
+local bases, expiries = {}, {}
 for i = 1, n do
   local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 4 * (i - 1)
-  prune(k, e)
+  local b, x, l = prune(k, e, nil)
+  bases[i], expiries[i] = b, x
   local amount, limit = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   if failed == 0 and limit >= 0 and amount > 0 then
-    local cur = value(k)
+    local cur = (tonumber(b) or 0) + l
     if cur + amount > limit then
       failed, current = i, cur
       if tonumber(ARGV[a + 3]) >= 0 and amount <= limit then
@@ -25,17 +27,25 @@ for i = 1, n do
     end
   end
 end
-local out = {}
+local out, stamped = {}, {}
 for j = 1, pairs_n - n do
   local k, e, a = KEYS[2 * (n + j) - 1], KEYS[2 * (n + j)], 5 + 4 * n + 3 * (j - 1)
-  prune(k, e)
-  if not (ARGV[a + 2] == '1' and redis.call('HEXISTS', k, 'b') == 1) then
-    redis.call('HSET', k, 'b', ARGV[a])
+  stamped[k] = true
+  local b, x = prune(k, e, nil)
+  if not (ARGV[a + 2] == '1' and b) then
+    b = ARGV[a]
+    redis.call('HSET', k, 'b', b)
   end
   local ttl = tonumber(ARGV[a + 1])
-  if ttl >= 0 then refresh(k, ttl) else redis.call('HDEL', k, 'x') end
-  touch(k, e)
-  out[j] = tonumber(redis.call('HGET', k, 'b'))
+  if ttl >= 0 then
+    x = NOW + ttl
+    redis.call('HSET', k, 'x', x)
+  else
+    x = nil
+    redis.call('HDEL', k, 'x')
+  end
+  expire_as_held(k, e, b, x)
+  out[j] = tonumber(b)
 end
 local first_read = 5 + 4 * n + 3 * (pairs_n - n)
 for j = 1, reads do
@@ -51,7 +61,12 @@ for i = 1, n do
   redis.call('HINCRBY', k, entry, amount)
   if amount ~= 0 then redis.call('HINCRBY', k, 'l', amount) end
   redis.call('ZADD', e, NOW + lease, entry)
-  refresh(k, tonumber(ARGV[a + 2]))
-  touch(k, e)
+  local ttl = tonumber(ARGV[a + 2])
+  refresh(k, ttl)
+  if stamped[k] then
+    touch(k, e)  -- a stamp changed its base
+  else
+    expire_as_held(k, e, bases[i], ttl >= 0 and NOW + ttl or expiries[i])
+  end
 end
 return {1, NOW, 0, 0, -1, unpack(out, 1, pairs_n - n + reads)}

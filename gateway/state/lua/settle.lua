@@ -12,14 +12,13 @@ end
 for i = 1, n do
   local k, e, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 3 * (i - 1)
   local keep, ttl, window = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  prune(k, e)
-  local held = tonumber(redis.call('HGET', k, entry))
+  local b, x, _l, held = prune(k, e, entry)
   if held then
     redis.call('HDEL', k, entry)
     redis.call('ZREM', e, entry)
     local back = -held
     if keep > 0 and window < 0 then
-      redis.call('HINCRBY', k, 'b', keep)
+      b = redis.call('HINCRBY', k, 'b', keep)
     elseif keep > 0 then
       local slot = window / WINDOW_SLOTS
       local drop = math.ceil(math.ceil((at + window) / slot) * slot)
@@ -32,7 +31,7 @@ for i = 1, n do
     end
     if back ~= 0 then redis.call('HINCRBY', k, 'l', back) end
     refresh(k, ttl)
-    touch(k, e)
+    expire_as_held(k, e, b, ttl >= 0 and NOW + ttl or x)
   end
 end
 return 1
