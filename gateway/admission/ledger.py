@@ -204,6 +204,8 @@ class SharedLease(Lease):
                 return
             self.closed = True
             res, self._res = self._res, None
-            if res is not None:
+            if res is not None and self._writes:
                 await self._store.settle(res, None, self._writes)
+            elif res is not None:
+                await self._store.release(res)
             self._give_back()
