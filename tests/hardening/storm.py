@@ -34,7 +34,7 @@ def one_client(gw: RunningGateway, seed: int) -> str:
         if how == "complete":
             req.read_all(timeout=30)
         elif how == "close_after_chunks" and stream:
-            req.read_until(b"data: ", count=rng.randint(1, 20), timeout=10)
+            req.read_until(b"data: ", count=rng.randint(1, 20), timeout=30)  # (queued first)
         else:
             time.sleep(rng.uniform(0.0, 0.4))
     finally:

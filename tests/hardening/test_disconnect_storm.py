@@ -5,15 +5,14 @@ in the simulators (nothing running, waiting or pinned)."""
 
 from __future__ import annotations
 
-import time
+import pytest
 
 from tests.hardening.storm import storm
 
 
+@pytest.mark.timeout(90)  # ~12 s on a quiet machine
 def test_a_storm_of_hundreds_of_dropping_clients_leaves_no_residue() -> None:
-    t0 = time.monotonic()
     cancelled_at = storm(500, workers=120, seed=1000, max_in_flight=4)
     # Clients dropped both while queued and while their request ran.
     assert cancelled_at.get("queued", 0) > 0, cancelled_at
     assert cancelled_at.get("streaming", 0) > 0, cancelled_at
-    assert time.monotonic() - t0 < 50

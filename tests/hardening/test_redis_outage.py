@@ -134,6 +134,7 @@ def _metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+@pytest.mark.timeout(90)  # ~10 s a case on a quiet machine
 @pytest.mark.parametrize("on_failure", ["open", "closed"])
 def test_redis_killed_and_restored_under_two_busy_instances(
     tmp_path: Path, on_failure: str
