@@ -20,7 +20,7 @@ bodies the heap is trimmed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.config.schema import GatewayConfig
 from gateway.deadlines.client import parse_headers
@@ -28,6 +28,7 @@ from gateway.ingress.bodybound import HeapTrimmer, check_body
 from gateway.ingress.protocol import parse_request
 from gateway.policies.policyset import PolicySet
 from gateway.request.context import Parsed, RequestContext
+from gateway.request.later import Later, Step
 from gateway.request.parsed import Endpoint, ParsedRequest
 
 # Defaults of `sessions.headers` / `sessions.body_fields` (gateway.config.SessionsConfig).
@@ -48,13 +49,13 @@ class Ingress:
         self._parsing = asyncio.Semaphore(1)
         self.trimmer = HeapTrimmer()
 
-    def process(self, ctx: RequestContext, raw: bytes) -> Awaitable[None] | None:
-        """Parse and set `ctx.parsed`; None when done, or (a large body) an
-        awaitable that checks and parses it in a worker thread."""
+    def process(self, ctx: RequestContext, raw: bytes) -> Step:
+        """Parse and set `ctx.parsed`; None when done, or (a large body) a
+        `Later` that checks and parses it in a worker thread."""
         endpoint: Endpoint = "chat" if ctx.endpoint == "chat" else "completions"
         if len(raw) >= OFFLOAD_BYTES:
             self.trimmer.soon()
-            return self._process_off_loop(ctx, endpoint, raw)
+            return Later(self._process_off_loop(ctx, endpoint, raw))
         self._finish(ctx, parse_request(endpoint, raw, self._cfg.limits))
         return None
 

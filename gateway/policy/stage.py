@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import logging
 import math
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
@@ -46,6 +46,7 @@ from gateway.policy.tokens import (
 )
 from gateway.replicas.registry import Replica, ReplicaRegistry
 from gateway.request.context import Contract, Isolation, RequestContext
+from gateway.request.later import Later, Step
 from gateway.request.parsed import ParsedRequest
 
 log = logging.getLogger("gateway.policy.stage")
@@ -155,11 +156,11 @@ class PolicyStage:
         log.info("policies reloaded: %s", ", ".join(p.name for p in active.policies.policies))
         return active.policies
 
-    def apply(self, ctx: RequestContext) -> Awaitable[None] | None:
-        """Resolve the task and enforce its limits. Returns None when done, or an
-        awaitable to finish with when counting the prompt needs an engine round
+    def apply(self, ctx: RequestContext) -> Step:
+        """Resolve the task and enforce its limits. Returns None when done, or a
+        `Later` to finish with when counting the prompt needs an engine round
         trip (most counts do not: an estimate, a cached count; a coroutine
-        would cost every request)."""
+        would cost every request; `gateway.request.later`)."""
         active = self._active
         req = ctx.request
         assert req is not None
@@ -176,8 +177,8 @@ class PolicyStage:
         if req.size >= OFFLOAD_BYTES:
             check_floor(contract, req, true_floor(counter, req), _max_model_len(replicas))
         counted = counter.count_now(req, replicas, ctx.model)
-        if not isinstance(counted, TokenCount):
-            return self._limit_when_counted(contract, req, replicas, counted)
+        if isinstance(counted, Later):
+            return Later(self._limit_when_counted(contract, req, replicas, counted))
         return self._limit(contract, req, replicas, counted)
 
     async def _limit_when_counted(
@@ -185,7 +186,7 @@ class PolicyStage:
         contract: Contract,
         req: ParsedRequest,
         replicas: list[Replica],
-        counting: Awaitable[TokenCount],
+        counting: Later[TokenCount],
     ) -> None:
         recount = self._limit(contract, req, replicas, await counting)
         if recount is not None:
@@ -193,10 +194,10 @@ class PolicyStage:
 
     def _limit(
         self, contract: Contract, req: ParsedRequest, replicas: list[Replica], counted: TokenCount
-    ) -> Awaitable[None] | None:
+    ) -> Step:
         """Apply the limits at `counted`. An estimate refused by less than
         its error margin (`MAX_OVERCOUNT`) is not refused yet: the returned
-        awaitable counts the prompt exactly (the engine's count, cached) and
+        `Later` counts the prompt exactly (the engine's count, cached) and
         decides on that."""
         max_model_len = _max_model_len(replicas)
         try:
@@ -205,7 +206,7 @@ class PolicyStage:
             lower = TokenCount(math.ceil(counted.tokens / MAX_OVERCOUNT), counted.source)
             if counted.source != "estimate" or not fits(contract, req, lower, max_model_len):
                 raise
-            return self._limit_exactly(contract, req, replicas, counted)
+            return Later(self._limit_exactly(contract, req, replicas, counted))
         self._counted(contract, counted)
         return None
 

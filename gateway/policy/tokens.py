@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ from gateway.policy.estimate import (
     estimate_text_in_slices,
 )
 from gateway.replicas.registry import Replica
+from gateway.request.later import Later, Soon
 from gateway.request.parsed import ParsedRequest
 
 log = logging.getLogger("gateway.policy.tokens")
@@ -180,10 +181,10 @@ class TokenCounter(Protocol):
 
     def count_now(
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
-    ) -> TokenCount | Awaitable[TokenCount]:
+    ) -> Soon[TokenCount]:
         """The count, when it needs no round trip (an estimate, a cached count);
-        else an awaitable that gets it (a coroutine per request would cost
-        every request, and most need none)."""
+        else a `Later` that gets it (`gateway.request.later`: a coroutine per
+        request would cost every request, and most need none)."""
         ...
 
 
@@ -195,13 +196,13 @@ class EstimateCounter:
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
     ) -> TokenCount:
         counted = self.count_now(req, replicas, model)
-        return counted if isinstance(counted, TokenCount) else await counted
+        return await counted if isinstance(counted, Later) else counted
 
     def count_now(
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
-    ) -> TokenCount | Awaitable[TokenCount]:
+    ) -> Soon[TokenCount]:
         if req.size >= OFFLOAD_BYTES:
-            return self._count_off_loop(req)
+            return Later(self._count_off_loop(req))
         return TokenCount(estimate_request(req, self._cache), "estimate")
 
     def floor(self, req: ParsedRequest) -> int:
@@ -275,9 +276,9 @@ class EngineCounter:
 
     def count_now(
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
-    ) -> TokenCount | Awaitable[TokenCount]:
+    ) -> Soon[TokenCount]:
         if req.size >= OFFLOAD_BYTES:
-            return self._count_large(req, replicas, model)
+            return Later(self._count_large(req, replicas, model))
         key = prompt_key(req)
         cached = self.cache.get(key)
         if cached is not None:
@@ -285,13 +286,13 @@ class EngineCounter:
         replica = _tokenizing(replicas)
         if replica is None:
             return TokenCount(estimate_request(req, self._parts), "fallback")
-        return self._count_remote(req, key, replica, model)
+        return Later(self._count_remote(req, key, replica, model))
 
     async def count(
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
     ) -> TokenCount:
         counted = self.count_now(req, replicas, model)
-        return counted if isinstance(counted, TokenCount) else await counted
+        return await counted if isinstance(counted, Later) else counted
 
     async def _count_large(
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None
@@ -366,16 +367,16 @@ class LocalTokenizerCounter:
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
     ) -> TokenCount:
         counted = self.count_now(req, replicas, model)
-        return counted if isinstance(counted, TokenCount) else await counted
+        return await counted if isinstance(counted, Later) else counted
 
     def floor(self, req: ParsedRequest) -> int:
         return -(-text_chars(req) // self._bytes_per_token) + template_overhead(req)
 
     def count_now(
         self, req: ParsedRequest, replicas: Sequence[Replica], model: str | None = None
-    ) -> TokenCount | Awaitable[TokenCount]:
+    ) -> Soon[TokenCount]:
         if req.size >= OFFLOAD_BYTES:
-            return asyncio.to_thread(self._count, req)
+            return Later(asyncio.to_thread(self._count, req))
         return self._count(req)
 
     def _count(self, req: ParsedRequest) -> TokenCount:

@@ -28,6 +28,7 @@ from gateway.policy.tokens import (
     estimate_request,
 )
 from gateway.request.context import Contract
+from gateway.request.later import Later
 
 WORDS = "The quick brown fox, jumpsOver 12 lazy_dogs; ¿qué tal? Привет 世界 getUserById\n\t  "
 text_st = st.one_of(
@@ -118,7 +119,7 @@ def test_large_prompt_is_estimated_off_the_loop_exactly_and_cached() -> None:
     assert req.size >= OFFLOAD_BYTES
     cache = LRU(100)
     pending = EstimateCounter(cache).count_now(req, ())
-    assert not isinstance(pending, TokenCount)  # an awaitable: counted in a worker thread
+    assert isinstance(pending, Later)  # counted in a worker thread
     counted = asyncio.run(_await(pending))
     assert counted == TokenCount(estimate_request(req), "estimate")
     assert len(cache) == 4  # two role markers, two contents: stored by the loop

@@ -23,6 +23,7 @@ from gateway.policy.tokens import (
     estimate_request,
 )
 from gateway.replicas.registry import Replica
+from gateway.request.later import Later
 from gateway.sim.cluster import SimCluster
 from gateway.sim.tokens import count_tokens, render_chat, tokenize
 
@@ -122,7 +123,7 @@ def test_engine_counter_llamacpp_apply_template_then_tokenize_and_cache(sims: Si
     async def run() -> list[tuple[int, str]]:
         async with _llamacpp_counter(sims.urls[0]) as (counter, replica):
             pending = counter.count_now(req, [replica])
-            assert not isinstance(pending, TokenCount)  # needs the engine: an awaitable
+            assert isinstance(pending, Later)  # needs the engine
             first = await pending
             second = counter.count_now(req, [replica])  # cached: known without a round trip
             assert isinstance(second, TokenCount)
@@ -154,10 +155,10 @@ def test_engine_counter_counts_a_large_prompt_off_the_loop(sims: SimCluster) -> 
     async def run() -> tuple[TokenCount, TokenCount]:
         async with _llamacpp_counter(sims.urls[0]) as (counter, replica):
             pending = counter.count_now(req, [replica])
-            assert not isinstance(pending, TokenCount)
+            assert isinstance(pending, Later)
             first = await pending
             again = counter.count_now(req, [replica])
-            assert not isinstance(again, TokenCount)  # the cache key is hashed off the loop too
+            assert isinstance(again, Later)  # the cache key is hashed off the loop too
             return first, await again
 
     first, again = asyncio.run(run())
