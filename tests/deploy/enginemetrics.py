@@ -4,7 +4,7 @@ llama.cpp: the golden capture of the real llama-server (tests/engine/golden/), w
 tests/engine/test_golden_shapes.py compares with the real server. vLLM: the families of
 vLLM 0.32.0's Prometheus logger (vllm/v1/metrics/loggers.py; every one labelled
 `model_name`, `engine`), the ones the dashboard and the rules may use; the real-vLLM
-suite is where they are verified against a running `vllm serve`.
+suite verifies them against a running vLLM (tests/engine/vllm/test_deploy_metric_names.py).
 """
 
 from __future__ import annotations
