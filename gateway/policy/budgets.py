@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import xxhash
 from prometheus_client import CollectorRegistry, Counter
@@ -49,13 +50,17 @@ WINDOW_S = 60.0
 _RESERVATION_SLACK_S = 60.0
 
 
+#: what a rule counts: concurrent requests, requests per window, a session's requests, tokens
+Measure = Literal["conc", "requests", "session_requests", "tokens"]
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """What a claim stands for: how to settle it and how to refuse it."""
 
     claim: Claim
     reason: str
-    kind: str  # conc | requests | session_requests | tokens
+    measure: Measure
     retry_after: float | None = None
 
     @property
@@ -151,7 +156,7 @@ class Budgets:
         estimate's margin and the prompt is now counted exactly (then the
         reservation is tried again, once: the count is no longer an estimate)."""
         contract, limit = ctx.contract, rule.claim.limit
-        if rule.kind != "tokens" or self._count_exactly is None or limit is None:
+        if rule.measure != "tokens" or self._count_exactly is None or limit is None:
             return False
         if contract is None or contract.prompt_source != "estimate":
             return False
@@ -181,13 +186,13 @@ class Budgets:
             "requests": "requests per minute",
             "session_requests": "requests in this session",
             "tokens": "tokens",
-        }[rule.kind]
+        }[rule.measure]
         scope = "Session budget" if rule.session else "Rate limit"
         message = (
             f"{scope} exceeded ({rule.reason}): the limit is {c.limit} {what}; {current} are "
             "used or "
             f"reserved and this request needs {c.amount}"
-            + (f" (its prompt {counted})." if rule.kind == "tokens" else ".")
+            + (f" (its prompt {counted})." if rule.measure == "tokens" else ".")
         )
         fits_at_all = c.limit is not None and c.amount <= c.limit
         retry = rule.retry_after
@@ -301,7 +306,7 @@ def _counted(ctx: RequestContext) -> str:
 
 def _kept(rule: Rule, ctx: RequestContext, worst: int) -> int:
     reached = ctx.upstream_status is not None
-    match rule.kind:
+    match rule.measure:
         case "conc":
             return 0
         case "requests":
