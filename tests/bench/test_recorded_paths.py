@@ -30,10 +30,10 @@ def test_paths_are_shown_relative_to_the_repository() -> None:
     root = Path("/srv/checkout/repo")
     command = (
         "python -m bench.routing --out /srv/checkout/repo/bench/results "
-        "--trace /srv/checkout/shared/traces/t.jsonl --vllm-router /tmp/venv/bin/vllm-router"
+        "--trace /srv/checkout/data/traces/t.jsonl --vllm-router /tmp/venv/bin/vllm-router"
     )
     assert repo_relative(command, root) == (
-        "python -m bench.routing --out bench/results --trace ../shared/traces/t.jsonl "
+        "python -m bench.routing --out bench/results --trace ../data/traces/t.jsonl "
         "--vllm-router vllm-router"
     )
     value = {
