@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from .health import wait_health
+
 ENGINE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = ENGINE_DIR.parents[1]
 ENGINES_SCRIPT = REPO_ROOT / "scripts" / "engines.py"
@@ -159,26 +161,7 @@ def spawn_llama_server(
 def wait_healthy(server: LlamaServer, timeout: float = STARTUP_TIMEOUT_S) -> None:
     """Poll ``/health`` until 200; 503 (loading) and refused connections mean "not yet"."""
     deadline = time.monotonic() + timeout
-    last = "no answer"
-    with httpx.Client(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if server.proc.poll() is not None:
-                raise RuntimeError(
-                    f"llama-server (pid {server.pid}, port {server.port}) exited with "
-                    f"{server.proc.returncode} during startup:\n{server.log_tail()}"
-                )
-            try:
-                r = client.get(f"{server.url}/health")
-                if r.status_code == 200:
-                    return
-                last = f"{r.status_code} {r.text[:200]}"
-            except httpx.TransportError as e:
-                last = repr(e)
-            time.sleep(0.1)
-    raise RuntimeError(
-        f"llama-server on port {server.port} not healthy after {timeout:.0f} s "
-        f"(last: {last}):\n{server.log_tail()}"
-    )
+    wait_health("llama-server", server.proc, server.url, server.log_tail, deadline, 0.1)
 
 
 def start_servers(

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from ..health import wait_health
 from ..llamaserver import _PRCTL, _die_with_parent, free_port
 
 MODEL = "smollm2"
@@ -137,25 +138,8 @@ def spawn_vllm(
 
 def wait_ready(server: VLLMServer, deadline: float) -> None:
     """Poll ``/health`` until 200 (the port opens only once the engine is up)."""
-    last = "no answer"
-    with httpx.Client(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if server.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM (pid {server.proc.pid}, port {server.port}) exited with "
-                    f"{server.proc.returncode} during startup:\n{server.log_tail()}"
-                )
-            try:
-                r = client.get(f"{server.url}/health")
-                if r.status_code == 200:
-                    return
-                last = f"{r.status_code} {r.text[:200]}"
-            except httpx.TransportError as e:
-                last = repr(e)
-            time.sleep(0.5)
-    raise RuntimeError(
-        f"vLLM on port {server.port} not ready after {STARTUP_TIMEOUT_S:.0f} s "
-        f"(last: {last}); log {server.log_path}:\n{server.log_tail()}"
+    wait_health(
+        f"vLLM (log {server.log_path})", server.proc, server.url, server.log_tail, deadline, 0.5
     )
 
 
